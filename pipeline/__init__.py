@@ -1,0 +1,3 @@
+"""spark-bpe: exact, distributed byte-level BPE tokenizer training on Apache Spark."""
+
+__version__ = "0.1.0"

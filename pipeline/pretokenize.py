@@ -1,0 +1,231 @@
+"""Pretokenization: text -> words (pure Python, no Spark).
+
+A *word* is one match of the split pattern in a chunk of text between special tokens. Special
+tokens are cut out first, so no word ever spans one. The same functions run on the Spark
+executors (inside ``mapInArrow``) and in the single-process reference used by the tests.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import regex
+
+# The exact split patterns tiktoken uses for these encodings.
+PATTERNS: dict[str, str] = {
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+    "cl100k": (
+        r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+        r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+    ),
+    "o200k": "|".join(
+        [
+            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+            r"""\p{N}{1,3}""",
+            r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+            r"""\s*[\r\n]+""",
+            r"""\s+(?!\S)""",
+            r"""\s+""",
+        ]
+    ),
+}
+NO_SPLIT = "none"
+NORMALIZATIONS = ("none", "NFC", "NFKC", "NFD", "NFKD")
+
+
+class PatternError(ValueError):
+    """A split pattern that does not compile."""
+
+
+def resolve_pattern(pattern: str) -> str | None:
+    """Return the regex source for a pattern name or custom regex; None for ``none``."""
+    if pattern == NO_SPLIT:
+        return None
+    return PATTERNS.get(pattern, pattern)
+
+
+def compile_pattern(pattern: str) -> regex.Pattern[str] | None:
+    source = resolve_pattern(pattern)
+    if source is None:
+        return None
+    try:
+        return regex.compile(source)
+    except regex.error as exc:
+        raise PatternError(f"pattern {pattern!r} does not compile: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PretokenizerSpec:
+    """Everything that decides how text becomes words (part of every fingerprint)."""
+
+    pattern: str = "cl100k"
+    special_tokens: tuple[str, ...] = ()
+    lowercase: bool = False
+    normalization: str = "none"
+
+
+@dataclass
+class Pretokenizer:
+    spec: PretokenizerSpec
+    _split: regex.Pattern[str] | None = field(init=False, repr=False)
+    _specials: regex.Pattern[str] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._split = compile_pattern(self.spec.pattern)
+        specials = sorted(set(self.spec.special_tokens), key=len, reverse=True)
+        self._specials = (
+            regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
+        )
+
+    def prepare(self, text: str) -> str:
+        if self.spec.normalization != "none":
+            text = unicodedata.normalize(self.spec.normalization, text)
+        if self.spec.lowercase:
+            text = text.lower()
+        return text
+
+    def chunks(self, text: str) -> list[str]:
+        """Text between special tokens (special tokens themselves dropped)."""
+        if self._specials is None:
+            return [text] if text else []
+        return [c for c in self._specials.split(text) if c]
+
+    def count_specials(self, text: str) -> int:
+        return 0 if self._specials is None else len(self._specials.findall(text))
+
+    def words(self, text: str) -> list[str]:
+        """All words of one row, in text order."""
+        text = self.prepare(text)
+        out: list[str] = []
+        for chunk in self.chunks(text):
+            if self._split is None:
+                out.append(chunk)
+            else:
+                out.extend(self._split.findall(chunk))
+        return out
+
+
+def decode_row(value: str | bytes) -> tuple[str, bool]:
+    """Text of a row; binary values that are not valid UTF-8 are kept byte-exact via
+    surrogateescape. Returns (text, was_valid_utf8)."""
+    if isinstance(value, str):
+        return value, True
+    try:
+        return value.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return value.decode("utf-8", "surrogateescape"), False
+
+
+def word_bytes(word: str) -> bytes:
+    return word.encode("utf-8", "surrogateescape")
+
+
+@dataclass
+class RowStats:
+    rows: int = 0
+    null_rows: int = 0
+    empty_rows: int = 0
+    invalid_utf8_rows: int = 0
+    bytes: int = 0
+    words: int = 0
+    special_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class WordCounter:
+    """Counts words of consecutive rows of *one file*, remembering each word's first occurrence
+    as ``(row, rank)``: the row index in the file and the word's rank among the distinct words of
+    that row in order of first occurrence. That key does not depend on how rows are split into
+    partitions, so the minimum over partitions is the global first occurrence."""
+
+    pretokenizer: Pretokenizer
+    counts: dict[str, int] = field(default_factory=dict)
+    first: dict[str, tuple[int, int]] = field(default_factory=dict)
+    stats: RowStats = field(default_factory=RowStats)
+
+    def add_row(self, row_index: int, value: str | bytes | None) -> None:
+        st = self.stats
+        st.rows += 1
+        if value is None:
+            st.null_rows += 1
+            return
+        if len(value) == 0:
+            st.empty_rows += 1
+            return
+        text, valid = decode_row(value)
+        if not valid:
+            st.invalid_utf8_rows += 1
+            st.bytes += len(value)
+        else:
+            st.bytes += len(text.encode("utf-8")) if not text.isascii() else len(text)
+        if self.pretokenizer._specials is not None:
+            st.special_tokens += self.pretokenizer.count_specials(self.pretokenizer.prepare(text))
+        words = self.pretokenizer.words(text)
+        if not words:
+            return
+        st.words += len(words)
+        _count_elements(self.counts, words)
+        first = self.first
+        distinct = dict.fromkeys(words)
+        if first.keys() >= distinct.keys():
+            return
+        for rank, w in enumerate(distinct):
+            if w not in first:
+                first[w] = (row_index, rank)
+
+
+try:  # the C helper behind Counter(iterable); fall back to Counter if it ever moves
+    from collections import _count_elements  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+
+    def _count_elements(mapping: dict[str, int], iterable: Iterable[str]) -> None:
+        for k, v in Counter(iterable).items():
+            mapping[k] = mapping.get(k, 0) + v
+
+
+@dataclass(frozen=True)
+class WordRecord:
+    word: bytes
+    count: int
+    first_key: tuple[int, int, int]  # (file index, row, rank in row)
+
+
+def count_files(
+    pretokenizer: Pretokenizer, files: Iterable[tuple[int, Iterable[str | bytes | None]]]
+) -> tuple[list[tuple[bytes, int, int]], RowStats]:
+    """Single-process reference word count: ``files`` yields (file_index, rows) in corpus order.
+
+    Returns the word table as (word, count, first_seen) sorted by first_seen, with first_seen
+    the dense rank of the word's first occurrence in corpus order, and the row statistics.
+    """
+    merged: dict[bytes, list] = {}
+    total = RowStats()
+    for file_index, rows in files:
+        wc = WordCounter(pretokenizer)
+        for r, value in enumerate(rows):
+            wc.add_row(r, value)
+        for rec in records_of(file_index, wc):
+            cur = merged.get(rec.word)
+            if cur is None:
+                merged[rec.word] = [rec.count, rec.first_key]
+            else:
+                cur[0] += rec.count
+                cur[1] = min(cur[1], rec.first_key)
+        for k, v in wc.stats.as_dict().items():
+            setattr(total, k, getattr(total, k) + v)
+    ordered = sorted(merged.items(), key=lambda kv: kv[1][1])
+    return [(w, c, i) for i, (w, (c, _)) in enumerate(ordered)], total
+
+
+def records_of(file_index: int, wc: WordCounter) -> Iterator[WordRecord]:
+    first = wc.first
+    for w, c in wc.counts.items():
+        row, rank = first[w]
+        yield WordRecord(word_bytes(w), c, (file_index, row, rank))

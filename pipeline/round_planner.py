@@ -1,0 +1,176 @@
+"""The driver's side of distributed merge rounds (pure Python, no Spark).
+
+Holds the exact pair counts, a tie key per pair (its smallest position in corpus order, exact
+or a lower bound), and picks each round's batch of merges: best-first, accepting the next
+candidate only while its count is strictly greater than the pre-round count of every pair the
+already accepted merges touch, and stopping after an ``(a, a)`` merge (DESIGN.md section 3).
+Those merges are exactly the ones the sequential trainer would make next.
+
+Words are range-partitioned by ``first_seen``, so a pair's smallest position lies in the lowest
+partition that has it. Each round every partition reports, for the pairs whose count changed
+there, its smallest position left; the report of the lowest partition wins. A key only becomes
+inexact when a pair vanishes from the partition that held its smallest position; such keys are
+refreshed on demand, and only when they decide a tie.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from pipeline.block_bpe import NO_POS, POS_BITS, Report
+
+Refresh = Callable[[np.ndarray], Report]
+
+
+class PairBook:
+    def __init__(
+        self,
+        part_ids: Sequence[int],
+        part_start_fs: Sequence[int],
+        token_len: list[int],
+        max_token_bytes: int | None = None,
+    ):
+        self.part_ids = list(part_ids)  # non-empty partitions, ascending first_seen
+        self.part_start = [int(s) << POS_BITS for s in part_start_fs]
+        self.token_len = token_len
+        self.max_token_bytes = max_token_bytes
+        self.counts: dict[int, int] = {}
+        self.pos: dict[int, int] = {}
+        self.inexact: set[int] = set()
+        self.by_left: dict[int, set[int]] = {}
+        self.by_right: dict[int, set[int]] = {}
+        self.heap: list[tuple[int, int, int]] = []
+        self.refreshes = 0
+
+    # -- partitions ----------------------------------------------------------------------------
+    def _slot_of(self, pos: int) -> int:
+        return max(bisect_right(self.part_start, pos) - 1, 0)
+
+    def _after_slot(self, slot: int) -> int:
+        return self.part_start[slot + 1] if slot + 1 < len(self.part_start) else int(NO_POS)
+
+    # -- applying reports ------------------------------------------------------------------------
+    def apply(self, rep: Report) -> None:
+        counts, pos, inexact = self.counts, self.pos, self.inexact
+        slot_of_part = {p: i for i, p in enumerate(self.part_ids)}
+        push = heapq.heappush
+        for k, d, rp, rm in zip(rep.keys.tolist(), rep.deltas.tolist(), rep.part.tolist(),
+                                rep.min_pos.tolist()):
+            old = counts.get(k, 0)
+            c = old + d
+            if c < 0:
+                raise AssertionError(f"pair {k} count went negative")
+            if c == 0:
+                if old:
+                    self._forget(k)
+                continue
+            counts[k] = c
+            rslot = slot_of_part[rp]
+            if old == 0:
+                a, b = k >> 32, k & 0xFFFFFFFF
+                self.by_left.setdefault(a, set()).add(k)
+                self.by_right.setdefault(b, set()).add(k)
+                if rm != NO_POS:
+                    pos[k] = rm
+                else:  # cannot happen for a pair that gained occurrences; stay safe
+                    pos[k] = self._after_slot(rslot)
+                    inexact.add(k)
+                push(self.heap, (-c, pos[k], k))
+            elif rslot == self._slot_of(pos[k]):
+                if rm != NO_POS:
+                    pos[k] = rm
+                    inexact.discard(k)
+                else:
+                    pos[k] = self._after_slot(rslot)
+                    inexact.add(k)
+
+    def _forget(self, k: int) -> None:
+        del self.counts[k]
+        self.pos.pop(k, None)
+        self.inexact.discard(k)
+        self.by_left[k >> 32].discard(k)
+        self.by_right[k & 0xFFFFFFFF].discard(k)
+
+    # -- choosing merges -----------------------------------------------------------------------
+    def _banned(self, k: int) -> bool:
+        m = self.max_token_bytes
+        return m is not None and self.token_len[k >> 32] + self.token_len[k & 0xFFFFFFFF] > m
+
+    def _clean_top(self) -> bool:
+        heap, counts, pos = self.heap, self.counts, self.pos
+        while heap:
+            negc, p, k = heap[0]
+            c = counts.get(k, 0)
+            if c == 0:
+                heapq.heappop(heap)
+            elif c != -negc or p != pos[k]:
+                heapq.heapreplace(heap, (-c, pos[k], k))
+            elif self._banned(k):
+                heapq.heappop(heap)  # never mergeable; it is not pushed again
+            else:
+                return True
+        return False
+
+    def _next(self, refresh: Refresh) -> tuple[int, int] | None:
+        """The best pair (key, count) with an exact tie key; stays on top of the heap."""
+        heap = self.heap
+        while self._clean_top():
+            negc, _, k = heap[0]
+            if k not in self.inexact:
+                return k, -negc
+            # entries of this count up to the first exact one may be the winner: refresh them
+            popped = []
+            while self._clean_top() and heap[0][0] == negc:
+                e = heapq.heappop(heap)
+                popped.append(e)
+                if e[2] not in self.inexact:
+                    break
+            need = np.array(sorted(e[2] for e in popped if e[2] in self.inexact), dtype=np.int64)
+            self.refreshes += 1
+            rep = refresh(need)
+            found = dict(zip(rep.keys.tolist(), rep.min_pos.tolist()))
+            for kk in need.tolist():
+                if kk not in found:
+                    raise AssertionError(f"pair {kk} has a count but no occurrence")
+                self.pos[kk] = found[kk]
+                self.inexact.discard(kk)
+            for negc2, _, kk in popped:
+                heapq.heappush(heap, (negc2, self.pos[kk], kk))
+        return None
+
+    def _touched_max(self, a: int, b: int, own: int) -> int:
+        counts = self.counts
+        best = 0
+        for group in (self.by_right.get(a, ()), self.by_left.get(b, ())):
+            for k in group:
+                if k != own:
+                    c = counts[k]
+                    if c > best:
+                        best = c
+        return best
+
+    def select_batch(
+        self, max_batch: int, remaining: int, min_pair_count: int, refresh: Refresh
+    ) -> list[tuple[int, int, int]]:
+        """The next merges (a, b, count), provably those the sequential trainer makes next."""
+        batch: list[tuple[int, int, int]] = []
+        touched = -1
+        while len(batch) < min(max_batch, remaining):
+            cand = self._next(refresh)
+            if cand is None:
+                break
+            k, c = cand
+            if c < min_pair_count or (batch and c <= touched):
+                break
+            heapq.heappop(self.heap)
+            a, b = k >> 32, k & 0xFFFFFFFF
+            batch.append((a, b, c))
+            self.token_len.append(self.token_len[a] + self.token_len[b])
+            if a == b:
+                break
+            touched = max(touched, self._touched_max(a, b, k))
+        return batch

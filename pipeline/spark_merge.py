@@ -1,0 +1,193 @@
+"""Merge rounds on Spark: the working set is an RDD of blocks, one per range partition of the
+word table (by ``first_seen``). Each round broadcasts the batch, rewrites only the words that
+contain a merged pair, and tree-aggregates the per-pair reports back to the driver. Initial
+pair counts are aggregated with ``reduceByKey``. Lineage is cut every few rounds.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from pipeline.block_bpe import (
+    NO_POS,
+    Block,
+    Report,
+    apply_round,
+    combine_reports,
+    initial_report,
+    min_positions,
+    replay_block,
+)
+
+log = logging.getLogger(__name__)
+
+_ARRAYS = ("tok", "sp", "lengths", "counts", "first_seen")
+
+
+def _pack(blk: Block) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{k: getattr(blk, k) for k in _ARRAYS})
+    return buf.getvalue()
+
+
+def _unpack(data: bytes) -> Block:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return Block(*(z[k] for k in _ARRAYS))
+
+
+def symbols_of(words: pa.Array, char_ids: dict[str, int] | None, suffix_id: int | None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Initial symbols of a binary Arrow array of words: (flat ids, lengths)."""
+    words = words.combine_chunks() if isinstance(words, pa.ChunkedArray) else words
+    if char_ids is None:
+        offsets = np.frombuffer(words.buffers()[1], dtype=np.int32)[
+            words.offset : words.offset + len(words) + 1
+        ]
+        data = np.frombuffer(words.buffers()[2], dtype=np.uint8)
+        flat = data[offsets[0] : offsets[-1]].astype(np.int32)
+        return flat, np.diff(offsets).astype(np.int64)
+    seqs = []
+    for w in words.to_pylist():
+        s = [char_ids[ch] for ch in w.decode("utf-8", "surrogateescape")]
+        if suffix_id is not None:
+            s.append(suffix_id)
+        seqs.append(s)
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
+class SparkBlocks:
+    """The working set as a cached RDD of (partition id, Block)."""
+
+    def __init__(self, spark: SparkSession, words: DataFrame, num_partitions: int,
+                 char_ids: dict[str, int] | None, suffix_id: int | None,
+                 lineage_every_rounds: int = 25, reliable_checkpoints: bool = False,
+                 replay: list[tuple[int, int, int]] | None = None):
+        self.spark = spark
+        self.sc = spark.sparkContext
+        self.lineage_every = lineage_every_rounds
+        self.reliable = reliable_checkpoints
+        self.rounds = 0
+        ids_bc = self.sc.broadcast((char_ids, suffix_id))
+
+        def build(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pyspark import TaskContext
+
+            table = pa.Table.from_batches(list(batches), schema=_IN_SCHEMA)
+            if table.num_rows == 0:
+                return
+            table = table.sort_by("first_seen")
+            cids, sid = ids_bc.value
+            flat, lengths = symbols_of(table.column("word"), cids, sid)
+            blk = Block.from_symbols(flat, lengths, table.column("count").to_numpy(),
+                                     table.column("first_seen").to_numpy())
+            if len(blk.lengths) == 0:
+                return
+            yield pa.RecordBatch.from_pydict(
+                {"pid": pa.array([TaskContext.get().partitionId()], pa.int32()),
+                 "blob": pa.array([_pack(blk)], pa.binary())}
+            )
+
+        parts = num_partitions or self.sc.defaultParallelism
+        packed = words.repartitionByRange(parts, "first_seen").mapInArrow(
+            build, "pid int, blob binary"
+        )
+        state = packed.rdd.map(lambda r: (r["pid"], _unpack(r["blob"])))
+        if replay:  # resume: replay the checkpointed merges in one pass
+            replay_bc = self.sc.broadcast(replay)
+            state = state.map(lambda r: (r[0], replay_block(r[1], replay_bc.value)))
+        self.state = state.persist(StorageLevel.MEMORY_AND_DISK)
+        meta = sorted((s, p) for p, s in self.state.map(
+            lambda x: (x[0], int(x[1].first_seen[0]))).collect())
+        self._parts = [p for _, p in meta]
+        self._starts = [s for s, _ in meta]
+        self._previous: list = []
+
+    def partitions(self) -> tuple[list[int], list[int]]:
+        return list(self._parts), list(self._starts)
+
+    def initial_counts(self) -> Report:
+        """Pair counts and smallest positions, aggregated with reduceByKey."""
+
+        def pairs_of(rec):
+            pid, blk = rec
+            r = initial_report(blk, pid)
+            yield (-1 - pid, (r.tokens, len(blk.lengths), 0))  # one size entry per partition
+            yield from zip(r.keys.tolist(), zip(r.deltas.tolist(), r.part.tolist(),
+                                                r.min_pos.tolist()))
+
+        def combine(x, y):  # counts add up; the lowest partition's smallest position wins
+            return (x[0] + y[0], *min(x[1:], y[1:]))
+
+        rows = self.state.flatMap(pairs_of).reduceByKey(combine).collect()
+        sizes = [v for k, v in rows if k < 0]
+        rows = sorted((k, v) for k, v in rows if k >= 0)
+        keys = np.array([k for k, _ in rows], dtype=np.int64)
+        vals = np.array([v for _, v in rows], dtype=np.int64).reshape(-1, 3)
+        return Report(keys, vals[:, 0], vals[:, 1].astype(np.int32), vals[:, 2],
+                      np.zeros(0, dtype=np.int64), sum(s[0] for s in sizes),
+                      sum(s[1] for s in sizes))
+
+    def run_round(self, batch: list[tuple[int, int, int]]) -> Report:
+        bc = self.sc.broadcast(batch)
+        out = self.state.map(lambda rec: (rec[0], *apply_round(rec[1], bc.value, rec[0])))
+        out = out.persist(StorageLevel.MEMORY_AND_DISK)
+        rep = out.map(lambda x: x[2]).treeReduce(combine_reports)
+        # the next state is derived from the cached output; cut lineage every few rounds
+        state = out.map(lambda x: (x[0], x[1]))
+        self.rounds += 1
+        if self.rounds % self.lineage_every == 0:
+            state = state.persist(StorageLevel.MEMORY_AND_DISK)
+            if self.reliable:
+                state.checkpoint()
+            else:
+                state.localCheckpoint()
+            state.count()
+            self._drop_previous()
+            out.unpersist(blocking=False)
+        else:
+            self._previous.append(out)
+            if len(self._previous) > 2:
+                self._previous.pop(0).unpersist(blocking=False)
+        old = self.state
+        self.state = state
+        if old.is_cached and old is not state:
+            old.unpersist(blocking=False)
+        bc.unpersist(blocking=False)
+        return rep
+
+    def _drop_previous(self) -> None:
+        for r in self._previous:
+            r.unpersist(blocking=False)
+        self._previous.clear()
+
+    def min_positions(self, keys: np.ndarray) -> Report:
+        bc = self.sc.broadcast(keys)
+        rep = self.state.map(lambda rec: min_positions(rec[1], bc.value, rec[0])).treeReduce(
+            combine_reports
+        )
+        bc.unpersist(blocking=False)
+        return rep
+
+    def collect(self) -> list[Block]:
+        recs = self.state.collect()
+        order = {p: i for i, p in enumerate(self._parts)}
+        return [b for _, b in sorted(recs, key=lambda x: order.get(x[0], len(order)))
+                if len(b.lengths)]
+
+    def close(self) -> None:
+        self._drop_previous()
+        self.state.unpersist(blocking=False)
+
+
+_IN_SCHEMA = pa.schema([("word", pa.binary()), ("count", pa.int64()), ("first_seen", pa.int64())])
+
+__all__ = ["SparkBlocks", "symbols_of", "NO_POS"]

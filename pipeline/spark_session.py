@@ -1,0 +1,47 @@
+"""Building the SparkSession the jobs and tests use."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from pipeline.config import Config
+
+
+def build_session(cfg: Config, app_name: str) -> SparkSession:
+    """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
+
+    With ``SPARK_LOCAL_IP=127.0.0.1`` (tests, CI, the quick start) the driver binds to loopback.
+    """
+    # local modes: Python workers use this interpreter (the one with our dependencies)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if cfg.master:
+        builder = builder.master(cfg.master)
+    elif "spark.master" not in _submit_conf():
+        builder = builder.master("local[*]")
+    local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if local_ip:
+        builder = builder.config("spark.driver.host", local_ip).config(
+            "spark.driver.bindAddress", local_ip
+        )
+    builder = (
+        builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "true")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    shuffle = cfg.shuffle_partitions or max(2, 2 * spark.sparkContext.defaultParallelism)
+    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+    return spark
+
+
+def _submit_conf() -> dict[str, str]:
+    """Settings spark-submit passed to this driver (empty under plain ``python``)."""
+    from pyspark import SparkConf
+
+    return dict(SparkConf().getAll())

@@ -1,0 +1,294 @@
+"""Stage 1 (Spark): Parquet corpus -> word table ``(word, count, first_seen)``.
+
+Text reaches Python in Arrow batches (``mapInArrow``). Each task counts the words of its rows
+per input file and remembers each word's first occurrence as (file index, row, rank in row);
+Spark sums the counts and takes the minimum key per word; a sort by that key then gives the
+dense ``first_seen`` rank. The result does not depend on partitioning (DESIGN.md section 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.utils import AnalysisException
+
+from pipeline import fsutil
+from pipeline.config import Config, ConfigError
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, RowStats, WordCounter
+
+log = logging.getLogger(__name__)
+
+WORD_TABLE_VERSION = 1
+WORD_TABLE_SCHEMA = T.StructType(
+    [
+        T.StructField("word", T.BinaryType(), False),
+        T.StructField("count", T.LongType(), False),
+        T.StructField("first_seen", T.LongType(), False),
+    ]
+)
+_PARTIAL_SCHEMA = (
+    "kind byte, word binary, count long, file int, row long, rank int"
+)
+KIND_WORD, KIND_STAT = 0, 1
+
+
+def normalize_path(path: str) -> str:
+    """One spelling per file: Spark writes ``file:/x`` in one place and ``file:///x`` in another."""
+    u = urlparse(path)
+    scheme = u.scheme or "file"
+    return f"{scheme}://{u.netloc}{unquote(u.path)}"
+
+
+def read_corpus(spark: SparkSession, path: str, text_column: str) -> tuple[DataFrame, list[str]]:
+    """The corpus as (text, file index, row index), and its files in corpus (path) order."""
+    try:
+        df = spark.read.parquet(path)
+    except AnalysisException as exc:
+        msg = str(exc).splitlines()[0]
+        if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
+            raise ConfigError(f"config key 'input': path does not exist: {path}") from None
+        raise ConfigError(f"config key 'input': cannot read Parquet at {path}: {msg}") from None
+    except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"config key 'input': cannot read Parquet at {path}: {first}") from None
+    if text_column not in df.columns:
+        raise ConfigError(
+            f"config key 'text_column': column {text_column!r} not in {path} "
+            f"(columns: {', '.join(df.columns)})"
+        )
+    dtype = df.schema[text_column].dataType
+    if not isinstance(dtype, (T.StringType, T.BinaryType)):
+        raise ConfigError(
+            f"config key 'text_column': column {text_column!r} is {dtype.simpleString()}, "
+            "not string or binary"
+        )
+    files = sorted({normalize_path(f) for f in df.inputFiles()})
+    if not files:
+        raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
+    return df, files
+
+
+def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
+    def count_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        pre = Pretokenizer(spec)
+        counters: dict[int, WordCounter] = {}
+        for batch in batches:
+            texts = batch.column(0).to_pylist()
+            paths = batch.column(1)
+            rows = batch.column(2).to_pylist()
+            # paths are long runs of one value: resolve each run once
+            run_ends = _run_ends(paths)
+            start = 0
+            for end in run_ends:
+                fidx = file_index[normalize_path(paths[start].as_py())]
+                wc = counters.get(fidx)
+                if wc is None:
+                    wc = counters[fidx] = WordCounter(pre)
+                add = wc.add_row
+                for i in range(start, end):
+                    add(rows[i], texts[i])
+                start = end
+        total = RowStats()
+        for fidx, wc in counters.items():
+            if wc.counts:
+                yield _word_batch(fidx, wc)
+            for k, v in wc.stats.as_dict().items():
+                setattr(total, k, getattr(total, k) + v)
+        stats = total.as_dict()
+        yield pa.RecordBatch.from_pydict(
+            {
+                "kind": pa.array([KIND_STAT] * len(stats), pa.int8()),
+                "word": pa.array([k.encode() for k in stats], pa.binary()),
+                "count": pa.array(list(stats.values()), pa.int64()),
+                "file": pa.array([0] * len(stats), pa.int32()),
+                "row": pa.array([0] * len(stats), pa.int64()),
+                "rank": pa.array([0] * len(stats), pa.int32()),
+            }
+        )
+
+    return count_partition
+
+
+def _run_ends(values: pa.Array) -> list[int]:
+    n = len(values)
+    if n == 0:
+        return []
+    ree = pc.run_end_encode(values)
+    return ree.run_ends.to_pylist()
+
+
+def _word_batch(fidx: int, wc: WordCounter) -> pa.RecordBatch:
+    words = list(wc.counts)
+    first = wc.first
+    n = len(words)
+    keys = [first[w] for w in words]
+    return pa.RecordBatch.from_pydict(
+        {
+            "kind": pa.array([KIND_WORD] * n, pa.int8()),
+            "word": pa.array([w.encode("utf-8", "surrogateescape") for w in words], pa.binary()),
+            "count": pa.array(list(wc.counts.values()), pa.int64()),
+            "file": pa.array([fidx] * n, pa.int32()),
+            "row": pa.array([k[0] for k in keys], pa.int64()),
+            "rank": pa.array([k[1] for k in keys], pa.int32()),
+        }
+    )
+
+
+def _dense_rank(sorted_df: DataFrame) -> DataFrame:
+    """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order.
+
+    The sorted frame is cached first so both passes see the same partitions (adaptive
+    execution may otherwise cut the sort output differently in each job)."""
+    spark = sorted_df.sparkSession
+    sorted_df = sorted_df.persist()
+
+    def sizes(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        n = sum(b.num_rows for b in batches)
+        pid = TaskContext.get().partitionId()
+        yield pa.RecordBatch.from_pydict(
+            {"pid": pa.array([pid], pa.int32()), "n": pa.array([n], pa.int64())}
+        )
+
+    counts = dict(sorted_df.mapInArrow(sizes, "pid int, n long").collect())
+    offsets, acc = {}, 0
+    for pid in sorted(counts):
+        offsets[pid] = acc
+        acc += counts[pid]
+    bc = spark.sparkContext.broadcast(offsets)
+
+    def number(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        i = bc.value[TaskContext.get().partitionId()]
+        for b in batches:
+            n = b.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [b.column(0), b.column(1), pa.array(range(i, i + n), pa.int64())],
+                schema=pa.schema(
+                    [("word", pa.binary(), False), ("count", pa.int64(), False),
+                     ("first_seen", pa.int64(), False)]
+                ),
+            )
+            i += n
+
+    return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA)
+
+
+@dataclass
+class WordTable:
+    """A word table on disk: ``<dir>/data`` (Parquet) + ``word_table.json`` + ``stats.json``."""
+
+    path: str
+    meta: dict
+
+    @property
+    def data_path(self) -> str:
+        return fsutil.join(self.path, "data")
+
+
+def count_words(spark: SparkSession, cfg: Config) -> WordTable:
+    """Run the word-count stage and write the word table to ``cfg.output`` atomically."""
+    t0 = time.time()
+    spec = cfg.pretokenizer_spec()
+    df, files = read_corpus(spark, cfg.input, cfg.text_column)
+    file_index = {f: i for i, f in enumerate(files)}
+    src = df.select(
+        F.col(cfg.text_column).alias("text"),
+        F.col("_metadata.file_path").alias("path"),
+        F.col("_metadata.row_index").alias("row"),
+    )
+    if cfg.num_partitions:
+        # keep each file's rows in order inside a partition: repartition by file, sort rows
+        src = src.repartition(cfg.num_partitions, "path").sortWithinPartitions("path", "row")
+    partial = src.mapInArrow(_count_partition_fn(spec, file_index), _PARTIAL_SCHEMA)
+    agg = (
+        partial.groupBy("kind", "word")
+        .agg(
+            F.sum("count").alias("count"),
+            F.min(F.struct("file", "row", "rank")).alias("first"),
+        )
+        .persist()
+    )
+    stat_rows = agg.filter(F.col("kind") == KIND_STAT).select("word", "count").collect()
+    t_count = time.time()
+    log.info("counted words in %.1f s", t_count - t0)
+    stats = {bytes(r["word"]).decode(): int(r["count"]) for r in stat_rows}
+    words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
+    table = _dense_rank(words.orderBy("first").select("word", "count"))
+
+    tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    table.write.parquet(fsutil.join(tmp, "data"))
+    agg.unpersist()
+    t_write = time.time()
+    log.info("ranked and wrote the word table in %.1f s", t_write - t_count)
+    stats["unique_words"] = spark.read.parquet(fsutil.join(tmp, "data")).count()
+    if stats.get("words", 0) == 0:
+        fsutil.delete(spark, tmp)
+        raise ConfigError(
+            f"config key 'input': the corpus at {cfg.input} has no words "
+            f"({stats.get('rows', 0)} rows, {stats.get('null_rows', 0)} null, "
+            f"{stats.get('empty_rows', 0)} empty): nothing to train on"
+        )
+    stats["seconds"] = round(time.time() - t0, 3)
+    stats["files"] = len(files)
+    meta = {
+        "format": "spark-bpe word table",
+        "version": WORD_TABLE_VERSION,
+        "input": cfg.input,
+        "text_column": cfg.text_column,
+        "files": len(files),
+        "pretokenizer": {
+            "pattern": spec.pattern,
+            "special_tokens": list(spec.special_tokens),
+            "lowercase": spec.lowercase,
+            "normalization": spec.normalization,
+        },
+        "unique_words": stats["unique_words"],
+        "stats": {k: stats[k] for k in ("rows", "words", "bytes", "unique_words")},
+    }
+    fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
+    fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
+    fsutil.replace_dir(spark, tmp, cfg.output)
+    log.info(
+        "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
+        stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
+        stats["empty_rows"], stats["seconds"], cfg.output,
+    )
+    return WordTable(cfg.output, meta)
+
+
+def open_word_table(spark: SparkSession, path: str) -> WordTable:
+    """Open a word table written by :func:`count_words`, checking its version."""
+    meta_path = fsutil.join(path, "word_table.json")
+    if not fsutil.exists(spark, meta_path):
+        raise ConfigError(
+            f"config key 'words': {path} is not a word table (no word_table.json); "
+            "make one with jobs/count_words.py"
+        )
+    try:
+        meta = json.loads(fsutil.read_text(spark, meta_path))
+    except ValueError:
+        raise ConfigError(
+            f"config key 'words': {meta_path} is corrupt; recreate the table with "
+            "jobs/count_words.py"
+        ) from None
+    if meta.get("format") != "spark-bpe word table" or meta.get("version") != WORD_TABLE_VERSION:
+        raise ConfigError(
+            f"config key 'words': {path} has format {meta.get('format')!r} version "
+            f"{meta.get('version')!r}; this build reads version {WORD_TABLE_VERSION}. "
+            "Recreate it with jobs/count_words.py"
+        )
+    return WordTable(path, meta)
