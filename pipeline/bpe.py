@@ -73,7 +73,9 @@ def initial_words(
     return out, BaseVocab("chars", tokens, end_of_word_suffix)
 
 
-def count_pairs(words: Sequence[Sequence[int]], counts: Sequence[int]) -> dict[tuple[int, int], int]:
+def count_pairs(
+    words: Sequence[Sequence[int]], counts: Sequence[int]
+) -> dict[tuple[int, int], int]:
     """Weighted pair counts; dict order is the order of first occurrence (words in first-seen
     order, pairs left to right), which is exactly the tie-break order."""
     pairs: dict[tuple[int, int], int] = {}

@@ -199,3 +199,28 @@ def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
         "normalization": tok.normalization,
     }))
     return notes
+
+
+def load_tiktoken(run_dir: str):
+    """A ``tiktoken.Encoding`` for a run directory (needs the ``tiktoken`` package)."""
+    import tiktoken
+
+    j = fsutil.join
+    try:
+        meta = json.loads(fsutil.read_text(None, j(run_dir, "tiktoken.json")))
+        ranks_text = fsutil.read_text(None, j(run_dir, "tokenizer.tiktoken"))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{run_dir} has no tiktoken export (tokenizer.tiktoken + tiktoken.json); "
+            "chars-alphabet runs cannot be exported to tiktoken") from None
+    ranks = {}
+    for line in ranks_text.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return tiktoken.Encoding(
+        name=meta.get("name", "spark-bpe"),
+        pat_str=meta["pat_str"],
+        mergeable_ranks=ranks,
+        special_tokens=meta["special_tokens"],
+    )

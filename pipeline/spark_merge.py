@@ -81,9 +81,10 @@ class SparkBlocks:
         def build(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             from pyspark import TaskContext
 
-            table = pa.Table.from_batches(list(batches), schema=_IN_SCHEMA)
-            if table.num_rows == 0:
+            batches = [b for b in batches if b.num_rows]
+            if not batches:
                 return
+            table = pa.Table.from_batches(batches)
             table = table.sort_by("first_seen")
             cids, sid = ids_bc.value
             flat, lengths = symbols_of(table.column("word"), cids, sid)
@@ -97,7 +98,8 @@ class SparkBlocks:
             )
 
         parts = num_partitions or self.sc.defaultParallelism
-        packed = words.repartitionByRange(parts, "first_seen").mapInArrow(
+        packed = words.select("word", "count", "first_seen").repartitionByRange(
+            parts, "first_seen").mapInArrow(
             build, "pid int, blob binary"
         )
         state = packed.rdd.map(lambda r: (r["pid"], _unpack(r["blob"])))
@@ -187,7 +189,5 @@ class SparkBlocks:
         self._drop_previous()
         self.state.unpersist(blocking=False)
 
-
-_IN_SCHEMA = pa.schema([("word", pa.binary()), ("count", pa.int64()), ("first_seen", pa.int64())])
 
 __all__ = ["SparkBlocks", "symbols_of", "NO_POS"]

@@ -10,7 +10,8 @@ from pyspark.sql import SparkSession
 from pipeline.config import Config
 
 
-def build_session(cfg: Config, app_name: str) -> SparkSession:
+def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None
+                  ) -> SparkSession:
     """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
 
     With ``SPARK_LOCAL_IP=127.0.0.1`` (tests, CI, the quick start) the driver binds to loopback.
@@ -33,6 +34,8 @@ def build_session(cfg: Config, app_name: str) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
     )
+    for k, v in (extra_conf or {}).items():
+        builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     shuffle = cfg.shuffle_partitions or max(2, 2 * spark.sparkContext.defaultParallelism)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent setup: Java 17+ (apt, if missing and we are root), a .venv with spark-bpe and its
+# test dependencies. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+java_major() {
+  command -v java >/dev/null 2>&1 || { echo 0; return; }
+  java -version 2>&1 | awk -F'"' '/version/ {print $2}' | awk -F. '{print ($1 == "1") ? $2 : $1}'
+}
+
+if [ "$(java_major)" -lt 17 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing Java (JRE 17+) with apt-get" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null \
+      || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-21-jre-headless >/dev/null \
+      || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+  else
+    echo "error: Java 17 or newer is required (install a JDK/JRE 17+ and put java on PATH)" >&2
+    exit 1
+  fi
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "setup: ready (.venv, $(java -version 2>&1 | head -n 1))" >&2

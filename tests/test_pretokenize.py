@@ -1,0 +1,63 @@
+"""Pretokenization: tiktoken's exact patterns, special tokens, normalization."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec
+
+
+def tiktoken_source_patterns() -> dict[str, str]:
+    """The pat_str values in tiktoken_ext/openai_public.py, read without downloading anything."""
+    spec = importlib.util.find_spec("tiktoken_ext.openai_public")
+    if spec is None or spec.origin is None:
+        pytest.skip("tiktoken is not installed")
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name in ("cl100k_base", "o200k_base"):
+            env: dict[str, str] = {}
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Assign) and isinstance(sub.targets[0], ast.Name):
+                    with contextlib.suppress(Exception):  # only literal expressions matter
+                        env[sub.targets[0].id] = _literal(sub.value)
+                if isinstance(sub, ast.Dict):
+                    for k, v in zip(sub.keys, sub.values):
+                        if isinstance(k, ast.Constant) and k.value == "pat_str":
+                            if isinstance(v, ast.Constant):
+                                found[node.name] = v.value
+                            elif isinstance(v, ast.Name) and v.id in env:
+                                found[node.name] = env[v.id]
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "r50k_pat_str":
+            found["r50k"] = _literal(node.value)
+    return found
+
+
+def _literal(expr: ast.expr) -> str:
+    return eval(compile(ast.Expression(expr), "<tiktoken>", "eval"))
+
+
+def test_patterns_are_tiktokens():
+    src = tiktoken_source_patterns()
+    assert PATTERNS["gpt2"] == src["r50k"]
+    assert PATTERNS["cl100k"] == src["cl100k_base"]
+    assert PATTERNS["o200k"] == src["o200k_base"]
+
+
+def test_special_tokens_are_cut_out_and_never_spanned():
+    pre = Pretokenizer(PretokenizerSpec("gpt2", ("<|endoftext|>", "<|end|>")))
+    words = pre.words("hello<|endoftext|> world<|end|>!")
+    assert words == ["hello", " world", "!"]
+    assert pre.count_specials("a<|end|>b<|endoftext|>") == 2
+
+
+def test_none_pattern_and_normalization():
+    pre = Pretokenizer(PretokenizerSpec("none", (), lowercase=True, normalization="NFKC"))
+    assert pre.words("ＡＢＣ def") == ["abc def"]
+    assert Pretokenizer(PretokenizerSpec("cl100k")).words("I'm 12345 ok\n\n") == [
+        "I", "'m", " ", "123", "45", " ok", "\n\n"]

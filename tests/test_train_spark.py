@@ -1,0 +1,127 @@
+"""Training through Spark: engines equal the oracle; the job end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.bpe import initial_words, train_oracle
+from pipeline.config import Config
+from pipeline.merge_rounds import run_rounds
+from pipeline.spark_merge import SparkBlocks
+from pipeline.train import train
+from pipeline.word_count import WORD_TABLE_SCHEMA
+
+from .conftest import EN_DOCS, REPO, need_corpus
+
+pytestmark = pytest.mark.spark
+
+
+def word_df(spark, words: list[bytes], counts: list[int]):
+    rows = [(w, c, i * 5 + 1) for i, (w, c) in enumerate(zip(words, counts))]
+    return spark.createDataFrame(rows, WORD_TABLE_SCHEMA)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.text(alphabet="ab ", min_size=1, max_size=10), min_size=2, max_size=25,
+                unique=True),
+       st.sampled_from([1, 2, 7]), st.sampled_from([1, 256]), st.data())
+def test_spark_rounds_equal_oracle(spark, texts, parts, max_batch, data):
+    words = [t.encode() for t in texts]
+    counts = data.draw(st.lists(st.integers(1, 5), min_size=len(words), max_size=len(words)))
+    ids, base = initial_words(words)
+    expected = train_oracle(ids, counts, base.tokens, 25, 1)
+    blocks = SparkBlocks(spark, word_df(spark, words, counts), parts, None, None,
+                         lineage_every_rounds=3)
+    try:
+        res = run_rounds(blocks, [1] * 256, 25, 1, None, max_batch)
+    finally:
+        blocks.close()
+    assert res.merges == expected
+
+
+@pytest.fixture(scope="module")
+def en_slice(tmp_path_factory):
+    """A few hundred KB of en-docs, in corpus order, as two shards."""
+    src = need_corpus(EN_DOCS)
+    texts = pq.read_table(src / "part-00000.parquet").column("text").to_pylist()
+    picked, size = [], 0
+    for t in texts:
+        if size > 400_000:
+            break
+        picked.append(t)
+        size += len(t.encode())
+    d = tmp_path_factory.mktemp("enslice")
+    half = len(picked) // 2
+    pq.write_table(pa.table({"text": picked[:half]}), d / "part-0.parquet")
+    pq.write_table(pa.table({"text": picked[half:]}), d / "part-1.parquet")
+    return d
+
+
+def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path):
+    from pipeline.word_count import count_words
+
+    wt = count_words(spark, Config(input=str(en_slice), output=str(tmp_path / "w")))
+    table = pq.read_table(wt.data_path).sort_by("first_seen")
+    words = table.column("word").to_pylist()
+    counts = table.column("count").to_pylist()
+    ids, base = initial_words(words)
+    n = 2000
+    expected = train_oracle(ids, counts, base.tokens, n)
+    runs = {}
+    for engine in ("spark", "local"):
+        cfg = Config(words=str(tmp_path / "w"), output=str(tmp_path / engine), num_merges=n,
+                     engine=engine, num_partitions=3, progress_bar=False)
+        runs[engine] = train(spark, cfg).merges
+    assert runs["local"] == expected
+    assert runs["spark"] == expected
+    stats = json.loads((tmp_path / "spark" / "stats.json").read_text())
+    assert stats["spark_rounds"] < n / 4
+
+
+def run_job(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "train.py"), "--master",
+                           "local[2]", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_seed_examples_through_the_job(tmp_path):
+    src = tmp_path / "seed"
+    src.mkdir()
+    pq.write_table(pa.table({"text": ["aaabdaaabac"]}), src / "a.parquet")
+    r = run_job("--input", str(src), "--output", str(tmp_path / "run"), "--pattern", "none",
+                "--num-merges", "3", "--special-tokens", "", "--min-pair-count", "1")
+    assert r.returncode == 0, r.stderr
+    trace = (tmp_path / "run" / "trace.tsv").read_text().splitlines()
+    assert [line.split("\t")[1:] for line in trace[1:]] == [
+        ["a", "a", "aa", "4", "9"], ["aa", "a", "aaa", "2", "7"], ["aaa", "b", "aaab", "2", "5"]]
+    # the review, character start, seed 000's split
+    src2 = tmp_path / "review"
+    src2.mkdir()
+    pq.write_table(pa.table({"text": ["the café baker bakes cakes, the café bakes soufflé"]}),
+                   src2 / "a.parquet")
+    r = run_job("--input", str(src2), "--output", str(tmp_path / "run2"), "--pattern",
+                r" ?\w+|[^\w\s]", "--alphabet", "chars", "--num-merges", "5",
+                "--special-tokens", "", "--engine", "spark")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in
+            (tmp_path / "run2" / "trace.tsv").read_text().splitlines()[1:]]
+    assert [(x[1], x[2], x[4], x[5]) for x in rows] == [
+        ("a", "k", "4", "46"), ("ak", "e", "4", "42"), (" ", "c", "3", "39"),
+        (" ", "b", "3", "36"), (" b", "ake", "3", "33")]
+
+
+def test_job_errors_and_rerun(tmp_path):
+    r = run_job("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "x"))
+    assert r.returncode == 2 and "path does not exist" in r.stderr
+    r = run_job("--vocab-size", "100", "--output", str(tmp_path / "x"))
+    assert r.returncode == 2 and "vocab_size" in r.stderr
+    r = run_job("--engine", "fast", "--output", str(tmp_path / "x"))
+    assert r.returncode == 2 and "'engine'" in r.stderr
+    assert not (tmp_path / "x").exists()

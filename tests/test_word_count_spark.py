@@ -1,0 +1,125 @@
+"""The Spark word-count stage against the single-process reference, and its error handling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from chispa import assert_df_equality
+
+from pipeline.config import Config, ConfigError
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
+from pipeline.word_count import WORD_TABLE_SCHEMA, count_words
+
+from .conftest import REPO, SAMPLE
+
+pytestmark = pytest.mark.spark
+
+
+def reference_table(spark, files: list[str], column: str, spec: PretokenizerSpec):
+    rows = [(i, pq.read_table(f).column(column).to_pylist()) for i, f in enumerate(sorted(files))]
+    table, stats = count_files(Pretokenizer(spec), rows)
+    return spark.createDataFrame(table, WORD_TABLE_SCHEMA), stats
+
+
+@pytest.fixture(scope="module")
+def mixed_corpus(tmp_path_factory):
+    """Three shards with small row groups (so Spark can split files), nulls, empty strings,
+    special tokens and repeated words across files."""
+    d = tmp_path_factory.mktemp("mixed")
+    texts = pq.read_table(SAMPLE / "part-00000.parquet").column("text").to_pylist()[:90]
+    lines = [line for t in texts for line in t.split("\n")][:1500]
+    for i in range(3):
+        chunk = lines[i * 500:(i + 1) * 500]
+        chunk = [None if j % 37 == 0 else "" if j % 41 == 0 else
+                 (s + " <|endoftext|> café 😀 naïve" if j % 13 == 0 else s)
+                 for j, s in enumerate(chunk)]
+        pq.write_table(pa.table({"text": pa.array(chunk, pa.string())}),
+                       d / f"shard-{2 - i}.parquet", row_group_size=64)
+    return d
+
+
+SPEC = PretokenizerSpec("cl100k", ("<|endoftext|>",))
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 17])
+def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions):
+    out = tmp_path / "words"
+    cfg = Config(input=str(mixed_corpus), output=str(out), special_tokens=["<|endoftext|>"],
+                 num_partitions=partitions)
+    count_words(spark, cfg)
+    got = spark.read.parquet(str(out / "data"))
+    expected, stats = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
+                                      "text", SPEC)
+    assert_df_equality(got, expected, ignore_row_order=True, ignore_nullable=True)
+    saved = json.loads((out / "stats.json").read_text())
+    for k, v in stats.as_dict().items():
+        assert saved[k] == v, k
+    assert saved["null_rows"] > 0 and saved["empty_rows"] > 0 and saved["special_tokens"] > 0
+
+
+def test_word_table_with_split_files(spark, mixed_corpus, tmp_path):
+    """Spark's own file splitting (row groups of one file in different tasks) changes nothing."""
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "4096")
+    try:
+        out = tmp_path / "words"
+        count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                                  special_tokens=["<|endoftext|>"]))
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
+                                  "text", SPEC)
+    assert_df_equality(spark.read.parquet(str(out / "data")), expected, ignore_row_order=True,
+                       ignore_nullable=True)
+
+
+def test_binary_column_with_invalid_utf8(spark, tmp_path):
+    src = tmp_path / "bin"
+    src.mkdir()
+    values = [b"hello world", b"caf\xc3\xa9 \xff\xfe broken", None, b"", b"hello again \xff"]
+    pq.write_table(pa.table({"body": pa.array(values, pa.binary())}), src / "a.parquet")
+    out = tmp_path / "words"
+    count_words(spark, Config(input=str(src), output=str(out), text_column="body"))
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["invalid_utf8_rows"] == 2 and stats["null_rows"] == 1 and stats["empty_rows"] == 1
+    words = {bytes(r["word"]): r["count"] for r in spark.read.parquet(str(out / "data")).collect()}
+    assert words[b" \xff\xfe"] == 1  # kept byte-exact, not replaced
+    assert sum(len(w) * c for w, c in words.items()) == sum(len(v or b"") for v in values)
+
+
+def test_bad_inputs_fail_clearly(spark, tmp_path):
+    (tmp_path / "num").mkdir()
+    pq.write_table(pa.table({"text": pa.array([1, 2])}), tmp_path / "num" / "a.parquet")
+    (tmp_path / "empty").mkdir()
+    pq.write_table(pa.table({"text": pa.array([None, ""], pa.string())}),
+                   tmp_path / "empty" / "a.parquet")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a.parquet").write_bytes(b"this is not parquet at all")
+    cases = [
+        (Config(input=str(tmp_path / "missing"), output=str(tmp_path / "o1")), "does not exist"),
+        (Config(input=str(tmp_path / "num"), output=str(tmp_path / "o2")), "not string or binary"),
+        (Config(input=str(tmp_path / "num"), output=str(tmp_path / "o3"), text_column="body"),
+         "not in"),
+        (Config(input=str(tmp_path / "empty"), output=str(tmp_path / "o4")), "no words"),
+        (Config(input=str(tmp_path / "junk"), output=str(tmp_path / "o5")), "cannot read"),
+    ]
+    for cfg, msg in cases:
+        with pytest.raises(ConfigError, match=msg):
+            count_words(spark, cfg)
+        assert not any(p.name.startswith(cfg.output.rsplit("/", 1)[1])
+                       for p in tmp_path.iterdir()), "nothing half-written"
+
+
+def test_count_job_exit_codes(tmp_path):
+    env_cmd = [sys.executable, str(REPO / "jobs" / "count_words.py"), "--master", "local[1]"]
+    bad = subprocess.run(env_cmd + ["--input", str(tmp_path / "nope"), "--output",
+                                    str(tmp_path / "w")], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: config key 'input'")
+    bad = subprocess.run(env_cmd + ["--input", str(SAMPLE), "--output", str(tmp_path / "w"),
+                                    "--pattern", "(unclosed"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "does not compile" in bad.stderr
