@@ -50,6 +50,11 @@ class Block:
                   np.asarray(counts, dtype=np.int64), np.asarray(first_seen, dtype=np.int64))
         return blk.select_words(keep) if not keep.all() else blk
 
+    def renumbered(self, first: int) -> Block:
+        """The same words with first_seen = first, first + 1, ... (order kept)."""
+        fs = np.arange(first, first + len(self.lengths), dtype=np.int64)
+        return Block(self.tok, self.sp, self.lengths, self.counts, fs)
+
     def word_ids(self) -> np.ndarray:
         return np.repeat(np.arange(len(self.lengths), dtype=np.int64), self.lengths)
 

@@ -149,6 +149,8 @@ class WordCounter:
     counts: dict[str, int] = field(default_factory=dict)
     first: dict[str, tuple[int, int]] = field(default_factory=dict)
     stats: RowStats = field(default_factory=RowStats)
+    max_row: int = 0  # largest row index with words, and largest rank in a row: they size
+    max_rank: int = 0  # the first_seen bit layout, the same for every partitioning
 
     def add_row(self, row_index: int, value: str | bytes | None) -> None:
         st = self.stats
@@ -174,6 +176,10 @@ class WordCounter:
         _count_elements(self.counts, words)
         first = self.first
         distinct = dict.fromkeys(words)
+        if row_index > self.max_row:
+            self.max_row = row_index
+        if len(distinct) > self.max_rank:
+            self.max_rank = len(distinct) - 1
         if first.keys() >= distinct.keys():
             return
         for rank, w in enumerate(distinct):
@@ -197,20 +203,44 @@ class WordRecord:
     first_key: tuple[int, int, int]  # (file index, row, rank in row)
 
 
+@dataclass(frozen=True)
+class FirstSeenLayout:
+    """Bit layout packing (file, row, rank in row) into one order-preserving int64."""
+
+    row_bits: int
+    rank_bits: int
+
+    @classmethod
+    def fit(cls, files: int, max_row: int, max_rank: int) -> FirstSeenLayout | None:
+        """The layout for these maxima, or None when they need more than 63 bits."""
+        fb, rb, kb = (max(files - 1, 0).bit_length(), max_row.bit_length(),
+                      max_rank.bit_length())
+        return cls(rb, kb) if fb + rb + kb <= 63 else None
+
+    def pack(self, key: tuple[int, int, int]) -> int:
+        f, r, k = key
+        return (f << (self.row_bits + self.rank_bits)) | (r << self.rank_bits) | k
+
+
 def count_files(
     pretokenizer: Pretokenizer, files: Iterable[tuple[int, Iterable[str | bytes | None]]]
 ) -> tuple[list[tuple[bytes, int, int]], RowStats]:
     """Single-process reference word count: ``files`` yields (file_index, rows) in corpus order.
 
-    Returns the word table as (word, count, first_seen) sorted by first_seen, with first_seen
-    the dense rank of the word's first occurrence in corpus order, and the row statistics.
+    Returns the word table as (word, count, first_seen) sorted by first_seen, and the row
+    statistics. first_seen packs (file, row, rank in row) with :class:`FirstSeenLayout` (or is
+    the dense rank of the first occurrence when that does not fit in 63 bits), exactly as the
+    Spark stage does.
     """
     merged: dict[bytes, list] = {}
     total = RowStats()
+    n_files = max_row = max_rank = 0
     for file_index, rows in files:
+        n_files = max(n_files, file_index + 1)
         wc = WordCounter(pretokenizer)
         for r, value in enumerate(rows):
             wc.add_row(r, value)
+        max_row, max_rank = max(max_row, wc.max_row), max(max_rank, wc.max_rank)
         for rec in records_of(file_index, wc):
             cur = merged.get(rec.word)
             if cur is None:
@@ -221,7 +251,10 @@ def count_files(
         for k, v in wc.stats.as_dict().items():
             setattr(total, k, getattr(total, k) + v)
     ordered = sorted(merged.items(), key=lambda kv: kv[1][1])
-    return [(w, c, i) for i, (w, (c, _)) in enumerate(ordered)], total
+    layout = FirstSeenLayout.fit(n_files, max_row, max_rank)
+    if layout is None:
+        return [(w, c, i) for i, (w, (c, _)) in enumerate(ordered)], total
+    return [(w, c, layout.pack(k)) for w, (c, k) in ordered], total
 
 
 def records_of(file_index: int, wc: WordCounter) -> Iterator[WordRecord]:

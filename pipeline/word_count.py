@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -25,7 +26,13 @@ from pyspark.sql.utils import AnalysisException
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, RowStats, WordCounter
+from pipeline.pretokenize import (
+    FirstSeenLayout,
+    Pretokenizer,
+    PretokenizerSpec,
+    RowStats,
+    WordCounter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +47,7 @@ WORD_TABLE_SCHEMA = T.StructType(
 _PARTIAL_SCHEMA = (
     "kind byte, word binary, count long, file int, row long, rank int"
 )
-KIND_WORD, KIND_STAT = 0, 1
+KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
 
 
 def normalize_path(path: str) -> str:
@@ -100,20 +107,27 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
                     add(rows[i], texts[i])
                 start = end
         total = RowStats()
+        maxima = {"max_row": 0, "max_rank": 0}
         for fidx, wc in counters.items():
             if wc.counts:
                 yield _word_batch(fidx, wc)
             for k, v in wc.stats.as_dict().items():
                 setattr(total, k, getattr(total, k) + v)
+            maxima["max_row"] = max(maxima["max_row"], wc.max_row)
+            maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
         stats = total.as_dict()
+        kinds = [KIND_STAT] * len(stats) + [KIND_MAX] * len(maxima)
+        names = list(stats) + list(maxima)
+        values = list(stats.values()) + list(maxima.values())
+        n = len(names)
         yield pa.RecordBatch.from_pydict(
             {
-                "kind": pa.array([KIND_STAT] * len(stats), pa.int8()),
-                "word": pa.array([k.encode() for k in stats], pa.binary()),
-                "count": pa.array(list(stats.values()), pa.int64()),
-                "file": pa.array([0] * len(stats), pa.int32()),
-                "row": pa.array([0] * len(stats), pa.int64()),
-                "rank": pa.array([0] * len(stats), pa.int32()),
+                "kind": pa.array(kinds, pa.int8()),
+                "word": pa.array([k.encode() for k in names], pa.binary()),
+                "count": pa.array(values, pa.int64()),
+                "file": pa.array([0] * n, pa.int32()),
+                "row": pa.array([0] * n, pa.int64()),
+                "rank": pa.array([0] * n, pa.int32()),
             }
         )
 
@@ -130,23 +144,28 @@ def _run_ends(values: pa.Array) -> list[int]:
 
 def _word_batch(fidx: int, wc: WordCounter) -> pa.RecordBatch:
     words = list(wc.counts)
-    first = wc.first
     n = len(words)
-    keys = [first[w] for w in words]
-    return pa.RecordBatch.from_pydict(
-        {
-            "kind": pa.array([KIND_WORD] * n, pa.int8()),
-            "word": pa.array([w.encode("utf-8", "surrogateescape") for w in words], pa.binary()),
-            "count": pa.array(list(wc.counts.values()), pa.int64()),
-            "file": pa.array([fidx] * n, pa.int32()),
-            "row": pa.array([k[0] for k in keys], pa.int64()),
-            "rank": pa.array([k[1] for k in keys], pa.int32()),
-        }
+    rows, ranks = zip(*map(wc.first.__getitem__, words))
+    if wc.stats.invalid_utf8_rows:  # lone surrogates stand for raw bytes: encode in Python
+        word_col = pa.array([w.encode("utf-8", "surrogateescape") for w in words], pa.binary())
+    else:  # Arrow encodes the UTF-8 in C; a string buffer is already the binary layout
+        word_col = pa.array(words, pa.string()).view(pa.binary())
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.full(n, KIND_WORD, dtype=np.int8)),
+            word_col,
+            pa.array(list(wc.counts.values()), pa.int64()),
+            pa.array(np.full(n, fidx, dtype=np.int32)),
+            pa.array(rows, pa.int64()),
+            pa.array(ranks, pa.int32()),
+        ],
+        names=["kind", "word", "count", "file", "row", "rank"],
     )
 
 
-def _dense_rank(sorted_df: DataFrame) -> DataFrame:
-    """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order.
+def _dense_rank(sorted_df: DataFrame) -> tuple[DataFrame, int]:
+    """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order; also
+    returns the number of rows.
 
     The sorted frame is cached first so both passes see the same partitions (adaptive
     execution may otherwise cut the sort output differently in each job)."""
@@ -184,7 +203,7 @@ def _dense_rank(sorted_df: DataFrame) -> DataFrame:
             )
             i += n
 
-    return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA)
+    return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA), acc
 
 
 @dataclass
@@ -218,23 +237,35 @@ def count_words(spark: SparkSession, cfg: Config) -> WordTable:
         partial.groupBy("kind", "word")
         .agg(
             F.sum("count").alias("count"),
+            F.max("count").alias("max"),
             F.min(F.struct("file", "row", "rank")).alias("first"),
         )
         .persist()
     )
-    stat_rows = agg.filter(F.col("kind") == KIND_STAT).select("word", "count").collect()
+    stat_rows = agg.filter(F.col("kind") != KIND_WORD).collect()
     t_count = time.time()
     log.info("counted words in %.1f s", t_count - t0)
-    stats = {bytes(r["word"]).decode(): int(r["count"]) for r in stat_rows}
+    stats = {bytes(r["word"]).decode(): int(r["count"] if r["kind"] == KIND_STAT else r["max"])
+             for r in stat_rows}
     words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
-    table = _dense_rank(words.orderBy("first").select("word", "count"))
+    layout = FirstSeenLayout.fit(len(files), stats.pop("max_row", 0), stats.pop("max_rank", 0))
+    if layout is not None:  # pack (file, row, rank): order-preserving, no global sort needed
+        table = words.select(
+            "word", "count",
+            (F.shiftleft(F.col("first.file").cast("long"), layout.row_bits + layout.rank_bits)
+             .bitwiseOR(F.shiftleft(F.col("first.row"), layout.rank_bits))
+             .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
+        )
+        unique_words = words.count()
+    else:  # too many files/rows for 63 bits: dense ranks of the first occurrence
+        table, unique_words = _dense_rank(words.orderBy("first").select("word", "count"))
 
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
     table.write.parquet(fsutil.join(tmp, "data"))
     agg.unpersist()
     t_write = time.time()
-    log.info("ranked and wrote the word table in %.1f s", t_write - t_count)
-    stats["unique_words"] = spark.read.parquet(fsutil.join(tmp, "data")).count()
+    log.info("wrote the word table in %.1f s", t_write - t_count)
+    stats["unique_words"] = unique_words
     if stats.get("words", 0) == 0:
         fsutil.delete(spark, tmp)
         raise ConfigError(
