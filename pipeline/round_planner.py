@@ -156,21 +156,32 @@ class PairBook:
     def select_batch(
         self, max_batch: int, remaining: int, min_pair_count: int, refresh: Refresh
     ) -> list[tuple[int, int, int]]:
-        """The next merges (a, b, count), provably those the sequential trainer makes next."""
+        """The next merges (a, b, count), provably those the sequential trainer makes next.
+
+        After accepting merge j = (a, b) with count c_j, only pairs (x, a), (b, y) and (a, b)
+        change (they lose occurrences), and every new pair (x, ab) / (ab, y) occurs at most
+        min(c_j, pre-round count of (x, a) / (b, y)) times. So the next candidate (best-first,
+        exact tie keys) is exactly the sequential trainer's next merge when it is not one of
+        the changed pairs and its count is strictly above every such bound.
+        """
         batch: list[tuple[int, int, int]] = []
-        touched = -1
+        bound = -1  # largest count a pair created by the accepted merges can have
+        rights: set[int] = set()  # a pair (x, a) changed: a is in rights
+        lefts: set[int] = set()  # a pair (b, y) changed: b is in lefts
         while len(batch) < min(max_batch, remaining):
             cand = self._next(refresh)
             if cand is None:
                 break
             k, c = cand
-            if c < min_pair_count or (batch and c <= touched):
+            a, b = k >> 32, k & 0xFFFFFFFF
+            if c < min_pair_count or (batch and (c <= bound or b in rights or a in lefts)):
                 break
             heapq.heappop(self.heap)
-            a, b = k >> 32, k & 0xFFFFFFFF
             batch.append((a, b, c))
             self.token_len.append(self.token_len[a] + self.token_len[b])
             if a == b:
                 break
-            touched = max(touched, self._touched_max(a, b, k))
+            bound = max(bound, min(c, self._touched_max(a, b, k)))
+            rights.add(a)
+            lefts.add(b)
         return batch

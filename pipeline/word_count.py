@@ -292,6 +292,7 @@ def count_words(spark: SparkSession, cfg: Config) -> WordTable:
     }
     fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
     fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
+    fsutil.write_text(spark, fsutil.join(tmp, "config.json"), cfg.to_json())
     fsutil.replace_dir(spark, tmp, cfg.output)
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
