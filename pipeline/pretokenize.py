@@ -173,16 +173,17 @@ class WordCounter:
         if not words:
             return
         st.words += len(words)
-        _count_elements(self.counts, words)
-        first = self.first
-        distinct = dict.fromkeys(words)
+        counts = self.counts
+        known = len(counts)
+        _count_elements(counts, words)
         if row_index > self.max_row:
             self.max_row = row_index
-        if len(distinct) > self.max_rank:
-            self.max_rank = len(distinct) - 1
-        if first.keys() >= distinct.keys():
+        if len(words) > self.max_rank:  # a rank is below the number of matches in the row
+            self.max_rank = len(words) - 1
+        if len(counts) == known:  # no word new to this file's counter: no first occurrence
             return
-        for rank, w in enumerate(distinct):
+        first = self.first
+        for rank, w in enumerate(dict.fromkeys(words)):
             if w not in first:
                 first[w] = (row_index, rank)
 
