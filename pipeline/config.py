@@ -75,6 +75,13 @@ class Config:
     log_level: str = "INFO"
     progress_bar: bool = True  # only when stderr is a terminal
     report_sample_rows: int = 200  # rows held out for the report's compression curve
+    report_sample: str = ""  # Parquet of held-out text for report.html (default: input rows)
+    # -- encoding (jobs/encode.py) ---------------------------------------------------------------
+    tokenizer: str = ""  # a trained run directory
+    key_columns: list[str] = field(default_factory=list)  # empty: all but the text column
+    ids_column: str = "ids"
+    special_in_text: str = "error"  # error | special | text
+    encode_engine: str = "auto"  # auto | tiktoken | reference
 
     # -- derived ---------------------------------------------------------------------------------
     def pretokenizer_spec(self) -> PretokenizerSpec:
@@ -105,6 +112,14 @@ FIELD_HELP = {
     "engine": "auto | spark | local",
     "resume": "auto | never",
     "checkpoint_dir": "where checkpoints go (any Hadoop filesystem URI)",
+    "report_sample": "Parquet of held-out text for report.html (default: rows of --input)",
+    "tokenizer": "encode: the trained run directory to encode with",
+    "key_columns": "encode: columns copied next to the ids (default: every column but the "
+                   "text; file + row when there is none)",
+    "ids_column": "encode: name of the token-ids column (array<int>)",
+    "special_in_text": "encode: a special-token string in the text is an error (error), "
+                       "its special id (special), or plain text (text)",
+    "encode_engine": "encode: auto (tiktoken when installed) | tiktoken | reference",
 }
 
 

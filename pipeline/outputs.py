@@ -5,21 +5,44 @@ Files (all text, written atomically):
 - ``trace.tsv``: rank, left, right, new token, count, tokens left in the corpus
 - ``tokenizer.json``: Hugging Face ``tokenizers`` (byte-level BPE, the run's split pattern)
 - ``tokenizer.tiktoken`` + ``tiktoken.json``: tiktoken ranks, pattern and special tokens
+- ``tokenizer_meta.json``: the merge list by id (what :class:`pipeline.encoder.Tokenizer` reads)
 - ``config.json``, ``stats.json``, and ``run.json`` last (the run is complete when it exists)
+
+One tokenizer, four spellings, one encoding. Every format identifies a token by its bytes, so
+if a byte string were ever made by two merges (``(a, bc)`` and later ``(ab, c)``), the first id
+is the token's id everywhere: ``vocab.json``, ``tokenizer.json`` and ``tokenizer.tiktoken``
+keep the first id, ``merges.txt`` keeps the first merge of a repeated pair of spellings, and
+:class:`pipeline.encoder.Tokenizer` maps the later id to the first one. The later id is a hole
+(never produced by encoding; still decodable by our decoder). ``tokenizer_meta.json`` lists
+such ids under ``duplicate_tokens``; on the runs we checked (en-docs, multilingual, gpt2 /
+cl100k / o200k / none patterns, 8k-32k vocabularies) there were none.
+
+Usage::
+
+    enc = load_tiktoken("out/run")                       # tiktoken.Encoding
+    enc.encode("hello <|endoftext|>", allowed_special={"<|endoftext|>"})
+
+    from tokenizers import Tokenizer
+    hf = Tokenizer.from_file("out/run/tokenizer.json")  # also PreTrainedTokenizerFast(
+    hf.encode("hello").ids                               #   tokenizer_file=...) in transformers
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import regex
+
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
-from pipeline.pretokenize import resolve_pattern
+from pipeline.pretokenize import PATTERNS, resolve_pattern
 
 RUN_FORMAT_VERSION = 1
+TIKTOKEN_ANY = r"[\s\S]+"  # tiktoken's pat_str for pattern = none (a chunk is one piece)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -53,6 +76,12 @@ def printable(token: bytes) -> str:
         "\r", "\\r")
 
 
+def canonical_ids(vocab: Sequence[bytes]) -> list[int]:
+    """``canon[i]``: the first id whose bytes equal token i's (i itself unless duplicated)."""
+    first: dict[bytes, int] = {}
+    return [first.setdefault(t, i) for i, t in enumerate(vocab)]
+
+
 @dataclass
 class TrainedTokenizer:
     base: BaseVocab
@@ -74,6 +103,10 @@ class TrainedTokenizer:
     def pattern_regex(self) -> str | None:
         return resolve_pattern(self.pattern)
 
+    def duplicate_tokens(self) -> list[tuple[int, int]]:
+        """(later id, first id) for every byte string made more than once."""
+        return [(i, c) for i, c in enumerate(canonical_ids(self.vocab)) if c != i]
+
 
 def write_trace(path: str, tok: TrainedTokenizer, tokens_left: Sequence[int], spark=None) -> None:
     vocab = tok.vocab
@@ -86,11 +119,22 @@ def write_trace(path: str, tok: TrainedTokenizer, tokens_left: Sequence[int], sp
     fsutil.write_text(spark, path, "\n".join(lines) + "\n")
 
 
-def merges_txt(tok: TrainedTokenizer) -> str:
+def unique_merges(tok: TrainedTokenizer) -> list[tuple[str, str]]:
+    """The merge list spelled GPT-2 style, a repeated pair of spellings kept once (the first:
+    Hugging Face would otherwise give the pair the later rank and the first id)."""
     vocab = tok.vocab
-    lines = ["#version: 0.2"]
-    lines += [f"{gpt2_spelling(vocab[m.left])} {gpt2_spelling(vocab[m.right])}"
-              for m in tok.merges]
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for m in tok.merges:
+        pair = (gpt2_spelling(vocab[m.left]), gpt2_spelling(vocab[m.right]))
+        if pair not in seen:
+            seen.add(pair)
+            out.append(pair)
+    return out
+
+
+def merges_txt(tok: TrainedTokenizer) -> str:
+    lines = ["#version: 0.2"] + [f"{a} {b}" for a, b in unique_merges(tok)]
     return "\n".join(lines) + "\n"
 
 
@@ -105,7 +149,135 @@ def vocab_json(tok: TrainedTokenizer) -> dict[str, int]:
     return out
 
 
+# -- split patterns for Oniguruma (Hugging Face tokenizers) ---------------------------------------
+
+_INTERVAL = regex.compile(r"\{\d*(?:,\d*)?\}")
+_BRACED_ESCAPES = "pPNxgku"
+_FIXED_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+
+def _escape_end(src: str, i: int) -> int:
+    """End of the escape sequence starting with the backslash at ``src[i]``."""
+    if i + 1 >= len(src):
+        return len(src)
+    c = src[i + 1]
+    if c in _BRACED_ESCAPES and i + 2 < len(src) and src[i + 2] == "{":
+        close = src.find("}", i + 2)
+        return len(src) if close < 0 else close + 1
+    if c in "pP" and i + 2 < len(src):  # \pL
+        return i + 3
+    if c in _FIXED_ESCAPES:
+        return min(len(src), i + 2 + _FIXED_ESCAPES[c])
+    return i + 2
+
+
+def _class_end(src: str, i: int) -> int:
+    """End of the character class starting with ``[`` at ``src[i]`` (nested sets allowed)."""
+    j = i + 1
+    if j < len(src) and src[j] == "^":
+        j += 1
+    if j < len(src) and src[j] == "]":
+        j += 1  # a leading ] is a literal
+    depth = 1
+    while j < len(src):
+        c = src[j]
+        if c == "\\":
+            j = _escape_end(src, j)
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return len(src)
+
+
+def onig_pattern(src: str) -> str:
+    """Rewrite a ``regex``-package split pattern so Oniguruma (Ruby syntax, what Hugging Face
+    ``tokenizers`` compiles ``Split`` patterns with) matches the same pieces.
+
+    Differences handled (the built-in patterns only need the first):
+    - ``X{m,n}+`` is possessive in ``regex`` but a repetition of ``X{m,n}`` in Ruby syntax
+      (cl100k's ``\\p{N}{1,3}+`` would swallow a whole run of digits): written ``(?>X{m,n})``;
+    - ``^`` / ``$`` are line anchors in Ruby syntax: written ``\\A`` / ``(?=\\n?\\z)`` (the
+      ``regex`` meaning without MULTILINE); ``\\Z`` is written ``\\z``;
+    - ``(?P<name>...)`` / ``(?P=name)`` are written ``(?<name>...)`` / ``\\k<name>``.
+
+    Anything else specific to the ``regex`` package (fuzzy matching, set operations, ``\\m``,
+    inline ``(?s)``...) is copied as is; such custom patterns need checking with ``tokenizers``.
+    Character classes are copied unchanged, so ``^``/``$`` inside them keep their meaning.
+    """
+    out: list[str] = []
+    atom: int | None = None  # index in ``out`` where the last complete atom starts
+    groups: list[int] = []
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        if c == "\\":
+            j = _escape_end(src, i)
+            atom = len(out)
+            out.append(r"\z" if src[i:j] == r"\Z" else src[i:j])
+            i = j
+        elif c == "[":
+            j = _class_end(src, i)
+            atom = len(out)
+            out.append(src[i:j])
+            i = j
+        elif c == "(":
+            groups.append(len(out))
+            if src.startswith("(?P<", i):
+                out.append("(?<")
+                i += 4
+            elif src.startswith("(?P=", i):
+                close = src.find(")", i)
+                close = n if close < 0 else close
+                groups.pop()
+                atom = len(out)
+                out.append(r"\k<" + src[i + 4:close] + ">")
+                i = close + 1
+            else:
+                out.append(c)
+                i += 1
+                atom = None
+        elif c == ")":
+            start = groups.pop() if groups else len(out)
+            out.append(c)
+            atom = start
+            i += 1
+        elif c == "{" and atom is not None and (m := _INTERVAL.match(src, i)):
+            j = m.end()
+            if j < n and src[j] == "+":  # possessive interval
+                inner = "".join(out[atom:])
+                del out[atom:]
+                out.append(f"(?>{inner}{m.group()})")
+                i = j + 1
+            else:
+                out.append(m.group())
+                i = j
+            atom = None
+        elif c == "^":
+            out.append(r"\A")
+            atom = None
+            i += 1
+        elif c == "$":
+            out.append(r"(?=\n?\z)")
+            atom = None
+            i += 1
+        else:
+            atom = None if c in "*+?|" else len(out)
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
 def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
+    """``tokenizer.json`` for Hugging Face ``tokenizers``: the run's normalization, the split
+    pattern (rewritten for Oniguruma, see :func:`onig_pattern`) as a ``Split`` that keeps only
+    the matches (``Removed`` + ``invert``: exactly ``regex.findall``, like training and
+    tiktoken), byte-level BPE, special tokens as added tokens (matched before normalization
+    and splitting, like our encoder with ``allowed_special="all"``)."""
     vocab = tok.vocab
     normalizers = []
     if tok.normalization != "none":
@@ -115,8 +287,8 @@ def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
     pre = [{"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
             "use_regex": False}]
     if tok.pattern_regex is not None:
-        pre.insert(0, {"type": "Split", "pattern": {"Regex": tok.pattern_regex},
-                       "behavior": "Isolated", "invert": False})
+        pre.insert(0, {"type": "Split", "pattern": {"Regex": onig_pattern(tok.pattern_regex)},
+                       "behavior": "Removed", "invert": True})
     return {
         "version": "1.0",
         "truncation": None,
@@ -143,8 +315,7 @@ def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
             "byte_fallback": False,
             "ignore_merges": False,
             "vocab": {gpt2_spelling(t): i for i, t in reversed(list(enumerate(vocab)))},
-            "merges": [[gpt2_spelling(vocab[m.left]), gpt2_spelling(vocab[m.right])]
-                       for m in tok.merges],
+            "merges": [list(p) for p in unique_merges(tok)],
         },
     }
 
@@ -160,31 +331,84 @@ def tiktoken_ranks(tok: TrainedTokenizer) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
-    """Write every export this tokenizer supports; returns notes on what was not exported."""
-    j = fsutil.join
+def tiktoken_meta(tok: TrainedTokenizer, ranks_text: str) -> dict:
+    """``tiktoken.json``. ``tiktoken_sha256`` is the hash of ``tokenizer.tiktoken``: pass it as
+    ``expected_hash`` to ``tiktoken.load.load_tiktoken_bpe``, which otherwise caches files by
+    path and would hand back an older run's ranks after a retrain into the same directory."""
+    return {
+        "name": "spark-bpe",
+        "pat_str": tok.pattern_regex or TIKTOKEN_ANY,
+        "special_tokens": tok.special_ids(),
+        "n_vocab": tok.base.size + len(tok.merges) + len(tok.special_tokens),
+        "pattern_name": tok.pattern if tok.pattern in PATTERNS or tok.pattern == "none"
+        else "custom",
+        "lowercase": tok.lowercase,
+        "normalization": tok.normalization,
+        "tiktoken_sha256": hashlib.sha256(ranks_text.encode()).hexdigest(),
+        "usage": "pipeline.outputs.load_tiktoken(RUN_DIR), or tiktoken.Encoding(name, "
+                 "pat_str=pat_str, mergeable_ranks=tiktoken.load.load_tiktoken_bpe("
+                 "'RUN_DIR/tokenizer.tiktoken', expected_hash=tiktoken_sha256), "
+                 "special_tokens=special_tokens)",
+    }
+
+
+def export_notes(tok: TrainedTokenizer) -> list[str]:
+    """What the exports of this tokenizer cannot express (logged and kept in run.json)."""
     notes = []
-    fsutil.write_text(spark, j(run_dir, "merges.txt"), merges_txt(tok))
-    fsutil.write_text(spark, j(run_dir, "vocab.json"),
-                      json.dumps(vocab_json(tok), ensure_ascii=False, indent=0))
     if tok.base.alphabet != "bytes":
         notes.append(
             "tokenizer.json and tokenizer.tiktoken are not written: this run starts from "
-            "characters (alphabet = 'chars'), and both formats need a byte-level vocabulary. "
-            "merges.txt and vocab.json spell tokens with the byte-level map of their UTF-8."
+            "characters (alphabet = 'chars'), and both formats need a byte-level vocabulary "
+            "(every byte a token). merges.txt and vocab.json spell tokens with the byte-level "
+            "map of their UTF-8 but are not a loadable GPT-2 tokenizer; encode with "
+            "pipeline.encoder.Tokenizer.load(RUN_DIR)."
         )
-    else:
+        return notes
+    if tok.lowercase or tok.normalization != "none":
+        notes.append(
+            "tiktoken does not normalize: load_tiktoken(RUN_DIR) refuses this run unless "
+            "called with ignore_normalization=True, and then the caller must apply "
+            f"normalization={tok.normalization!r}, lowercase={tok.lowercase} first "
+            "(tokenizer.json and pipeline.encoder.Tokenizer do it themselves)."
+        )
+    if tok.lowercase:
+        notes.append(
+            "lowercase: tokenizer.json's Lowercase lowercases character by character, while "
+            "training and pipeline.encoder use Python's str.lower, which turns a word-final "
+            "capital sigma into 'ς' (Final_Sigma rule); text with a capital Σ can encode "
+            "differently in tokenizers. Everything else lowercases alike."
+        )
+    src = tok.pattern_regex
+    if src is not None and tok.pattern not in PATTERNS:
+        notes.append(
+            "custom split pattern: tokenizer.json holds it rewritten for Oniguruma "
+            f"({onig_pattern(src)!r}); regex-package-only syntax cannot be translated, so check "
+            "Tokenizer.from_file(...) against pipeline.encoder.Tokenizer on your text."
+        )
+    if tok.duplicate_tokens():
+        notes.append(
+            f"{len(tok.duplicate_tokens())} byte strings were made by two merges: every export "
+            "keeps the first id (tokenizer_meta.json 'duplicate_tokens' lists the later ids, "
+            "which encoding never produces)."
+        )
+    return notes
+
+
+def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
+    """Write every export this tokenizer supports; returns notes on what was not exported or
+    needs care."""
+    j = fsutil.join
+    notes = export_notes(tok)
+    fsutil.write_text(spark, j(run_dir, "merges.txt"), merges_txt(tok))
+    fsutil.write_text(spark, j(run_dir, "vocab.json"),
+                      json.dumps(vocab_json(tok), ensure_ascii=False, indent=0))
+    if tok.base.alphabet == "bytes":
         fsutil.write_text(spark, j(run_dir, "tokenizer.json"),
                           json.dumps(hf_tokenizer_json(tok), ensure_ascii=False))
-        fsutil.write_text(spark, j(run_dir, "tokenizer.tiktoken"), tiktoken_ranks(tok))
-        fsutil.write_text(spark, j(run_dir, "tiktoken.json"), json.dumps({
-            "name": "spark-bpe",
-            "pat_str": tok.pattern_regex or r"[\s\S]+",
-            "special_tokens": tok.special_ids(),
-            "pattern_name": tok.pattern,
-            "lowercase": tok.lowercase,
-            "normalization": tok.normalization,
-        }, ensure_ascii=False, indent=2))
+        ranks = tiktoken_ranks(tok)
+        fsutil.write_text(spark, j(run_dir, "tokenizer.tiktoken"), ranks)
+        fsutil.write_text(spark, j(run_dir, "tiktoken.json"),
+                          json.dumps(tiktoken_meta(tok, ranks), ensure_ascii=False, indent=2))
     fsutil.write_text(spark, j(run_dir, "tokenizer_meta.json"), json.dumps({
         "format": "spark-bpe tokenizer",
         "version": RUN_FORMAT_VERSION,
@@ -197,30 +421,75 @@ def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
         "pattern": tok.pattern,
         "lowercase": tok.lowercase,
         "normalization": tok.normalization,
+        "duplicate_tokens": tok.duplicate_tokens(),
+        "export_notes": notes,
     }))
     return notes
 
 
-def load_tiktoken(run_dir: str):
-    """A ``tiktoken.Encoding`` for a run directory (needs the ``tiktoken`` package)."""
-    import tiktoken
+@dataclass
+class TiktokenExport:
+    """What ``tiktoken.Encoding(...)`` needs, read from a run directory (no tiktoken import)."""
 
+    name: str
+    pat_str: str
+    mergeable_ranks: dict[bytes, int]
+    special_tokens: dict[str, int]
+    lowercase: bool
+    normalization: str
+
+    def encoding_args(self) -> dict:
+        return {"name": self.name, "pat_str": self.pat_str,
+                "mergeable_ranks": self.mergeable_ranks, "special_tokens": self.special_tokens}
+
+
+def read_tiktoken_export(run_dir: str, spark=None) -> TiktokenExport:
     j = fsutil.join
     try:
-        meta = json.loads(fsutil.read_text(None, j(run_dir, "tiktoken.json")))
-        ranks_text = fsutil.read_text(None, j(run_dir, "tokenizer.tiktoken"))
+        meta = json.loads(fsutil.read_text(spark, j(run_dir, "tiktoken.json")))
+        ranks_text = fsutil.read_text(spark, j(run_dir, "tokenizer.tiktoken"))
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"{run_dir} has no tiktoken export (tokenizer.tiktoken + tiktoken.json); "
-            "chars-alphabet runs cannot be exported to tiktoken") from None
+            f"{run_dir} has no tiktoken export (tokenizer.tiktoken + tiktoken.json): either it "
+            "is not a run directory, or the run starts from characters (alphabet = 'chars'), "
+            "which tiktoken cannot represent") from None
     ranks = {}
     for line in ranks_text.splitlines():
         if line:
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
-    return tiktoken.Encoding(
-        name=meta.get("name", "spark-bpe"),
-        pat_str=meta["pat_str"],
-        mergeable_ranks=ranks,
-        special_tokens=meta["special_tokens"],
-    )
+    return TiktokenExport(meta.get("name", "spark-bpe"), meta["pat_str"], ranks,
+                          meta["special_tokens"], bool(meta.get("lowercase", False)),
+                          meta.get("normalization", "none"))
+
+
+def load_tiktoken(run_dir: str, *, ignore_normalization: bool = False):
+    """A ``tiktoken.Encoding`` for a run directory (needs the ``tiktoken`` package)::
+
+        enc = load_tiktoken("out/run")
+        ids = enc.encode(text)                           # == Tokenizer.load(...).encode(text)
+        enc.encode(text, allowed_special={"<|endoftext|>"})
+
+    Without this helper (``meta`` = ``RUN_DIR/tiktoken.json``)::
+
+        tiktoken.Encoding(meta["name"], pat_str=meta["pat_str"],
+                          mergeable_ranks=tiktoken.load.load_tiktoken_bpe(
+                              RUN_DIR + "/tokenizer.tiktoken",
+                              expected_hash=meta["tiktoken_sha256"]),
+                          special_tokens=meta["special_tokens"])
+
+    (``expected_hash`` matters: ``load_tiktoken_bpe`` caches by path.)
+
+    tiktoken cannot lowercase or normalize: for a run trained with either, this raises unless
+    ``ignore_normalization=True`` (then prepare the text yourself, as the run's
+    ``tiktoken.json`` says)."""
+    import tiktoken
+
+    exp = read_tiktoken_export(run_dir)
+    if (exp.lowercase or exp.normalization != "none") and not ignore_normalization:
+        raise ValueError(
+            f"{run_dir} was trained with normalization={exp.normalization!r}, "
+            f"lowercase={exp.lowercase}, which tiktoken cannot apply: normalize the text "
+            "yourself and call load_tiktoken(..., ignore_normalization=True), or use "
+            "tokenizer.json / pipeline.encoder.Tokenizer")
+    return tiktoken.Encoding(**exp.encoding_args())

@@ -1,0 +1,398 @@
+"""Stage 3 (Spark): encode a Parquet corpus with a trained run -> Parquet of token ids.
+
+Output: one row per input row, the key columns (``key_columns``; by default every column but
+the text, or the input ``file`` and ``row`` when the text is the only column) and the token
+ids as ``array<int>`` (``ids_column``; null for a null text). Beside the Parquet files,
+``_encode.json`` (ignored by Parquet readers) holds the tokenizer it was made with and the
+statistics: rows, bytes, tokens, bytes per token, tokens per word (words: whitespace-separated,
+Python's ``str.split``), seconds.
+
+How: the tokenizer (merge list, and tiktoken's ranks when that engine is used) is broadcast
+once; rows reach Python in Arrow batches (``mapInArrow``); each Python worker builds its
+encoder once and keeps it across tasks. The hot loop is tiktoken built from the run's own
+export (``encode_engine = tiktoken``, the default when it is installed), which the parity tests
+hold to the reference :class:`pipeline.encoder.Tokenizer` (``encode_engine = reference``, also
+used for rows of a binary text column that are not valid UTF-8, which tiktoken cannot take
+byte-exact). Statistics come back in a per-partition accumulator (a retried task replaces its
+own entry, so they are exact), and the output is written to a temporary directory and renamed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.accumulators import AccumulatorParam
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline import fsutil
+from pipeline.config import Config, ConfigError
+from pipeline.encoder import EncodeError, Tokenizer
+from pipeline.outputs import read_tiktoken_export
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
+from pipeline.word_count import read_corpus
+
+log = logging.getLogger(__name__)
+
+SPECIAL_MODES = ("error", "special", "text")
+ENCODE_ENGINES = ("auto", "tiktoken", "reference")
+STATS_FILE = "_encode.json"
+AUTO_KEYS = ("file", "row")
+IDS_TYPE = pa.list_(pa.int32())
+_ROW_ERROR = "spark-bpe encode error: "  # marks our own executor errors inside Spark's message
+STAT_KEYS = ("rows", "null_rows", "invalid_utf8_rows", "bytes", "words", "tokens",
+             "special_tokens", "python_seconds", "reference_fallback")
+
+
+# -- configuration (checked before Spark starts) -------------------------------------------------
+
+def _local(path: str) -> str | None:
+    return fsutil.local_path(path) if fsutil.is_local(path) else None
+
+
+def check_encode_config(cfg: Config, spark: SparkSession | None = None) -> None:
+    """Everything about an encode job that can be checked without reading the corpus. Local
+    paths are checked without Spark; with ``spark``, any Hadoop filesystem."""
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise ConfigError(msg)
+
+    need(cfg.tokenizer != "", "config key 'tokenizer': give a trained run directory "
+                              "(--tokenizer RUN_DIR)")
+    need(cfg.input != "", "config key 'input': give the Parquet corpus to encode (--input PATH)")
+    need(cfg.special_in_text in SPECIAL_MODES,
+         f"config key 'special_in_text' must be one of {SPECIAL_MODES}, "
+         f"not {cfg.special_in_text!r}")
+    need(cfg.encode_engine in ENCODE_ENGINES,
+         f"config key 'encode_engine' must be one of {ENCODE_ENGINES}, "
+         f"not {cfg.encode_engine!r}")
+    need(cfg.ids_column != "", "config key 'ids_column' is empty")
+    need(cfg.ids_column not in cfg.key_columns,
+         f"config key 'ids_column': {cfg.ids_column!r} is also a key column")
+    need(len(set(cfg.key_columns)) == len(cfg.key_columns), "config key 'key_columns' has "
+                                                            "duplicates")
+    out = cfg.output.rstrip("/")
+    for key in ("input", "tokenizer"):
+        other = getattr(cfg, key).rstrip("/")
+        need(out != other and not other.startswith(out + "/") and not out.startswith(other + "/"),
+             f"config key 'output': {cfg.output} overlaps --{key} {getattr(cfg, key)}")
+    if spark is None and _local(cfg.tokenizer) is None:
+        return
+    meta = fsutil.join(cfg.tokenizer, "tokenizer_meta.json")
+    need(fsutil.exists(spark, meta),
+         f"config key 'tokenizer': {cfg.tokenizer} is not a trained run directory "
+         "(no tokenizer_meta.json); train one with jobs/train.py")
+    if fsutil.exists(spark, cfg.output):
+        need(fsutil.exists(spark, fsutil.join(cfg.output, STATS_FILE)),
+             f"config key 'output': {cfg.output} exists and is not the output of an earlier "
+             f"encode (no {STATS_FILE}): refusing to replace it")
+
+
+# -- what the executors get -----------------------------------------------------------------------
+
+@dataclass
+class EncodePlan:
+    """Broadcast once: the tokenizer and how to apply it."""
+
+    meta: dict  # tokenizer_meta.json
+    engine: str  # tiktoken | reference
+    special_in_text: str
+    tiktoken_args: dict | None = None  # tiktoken.Encoding(**...) for the tiktoken engine
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+def load_plan(spark: SparkSession | None, cfg: Config) -> EncodePlan:
+    """Read the run directory and pick the engine (one-line ConfigErrors)."""
+    path = fsutil.join(cfg.tokenizer, "tokenizer_meta.json")
+    try:
+        meta = json.loads(fsutil.read_text(spark, path))
+        Tokenizer.from_meta(meta, path)
+    except FileNotFoundError:
+        raise ConfigError(f"config key 'tokenizer': {cfg.tokenizer} is not a trained run "
+                          "directory (no tokenizer_meta.json)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"config key 'tokenizer': {path} is not usable: {exc}") from None
+    engine = cfg.encode_engine
+    why_not = _tiktoken_unavailable(meta)
+    if engine == "auto":
+        engine = "reference" if why_not else "tiktoken"
+        if why_not:
+            log.warning("encoding with the reference encoder (slow): %s", why_not)
+    elif engine == "tiktoken" and why_not:
+        raise ConfigError(f"config key 'encode_engine': tiktoken cannot encode with this run: "
+                          f"{why_not}; use encode_engine = reference")
+    args = None
+    if engine == "tiktoken":
+        try:
+            args = read_tiktoken_export(cfg.tokenizer, spark).encoding_args()
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config key 'tokenizer': {exc}") from None
+    return EncodePlan(meta, engine, cfg.special_in_text, args)
+
+
+def _tiktoken_unavailable(meta: dict) -> str:
+    if meta["alphabet"] != "bytes":
+        return "the run starts from characters (alphabet = 'chars'), tiktoken needs bytes"
+    if meta.get("duplicate_tokens"):
+        return ("the run made a byte string twice (tokenizer_meta.json 'duplicate_tokens'), "
+                "where tiktoken's rank-by-bytes merging is not proven to match")
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        return "the tiktoken package is not installed"
+    return ""
+
+
+class BatchEncoder:
+    """Executor side: encodes texts with the plan's engine and the special-token policy."""
+
+    def __init__(self, plan: EncodePlan):
+        self.plan = plan
+        self.ref = Tokenizer.from_meta(plan.meta)
+        self.tk = None
+        self.fell_back = False  # tiktoken chosen on the driver but missing on this executor
+        if plan.engine == "tiktoken":
+            try:
+                import tiktoken
+            except ImportError:
+                self.fell_back = True  # same ids (the parity tests), only slower
+            else:
+                self.tk = tiktoken.Encoding(**plan.tiktoken_args)
+        meta = plan.meta
+        self.prepare = None
+        if meta["lowercase"] or meta["normalization"] != "none":
+            self.prepare = Pretokenizer(PretokenizerSpec(
+                "none", (), meta["lowercase"], meta["normalization"])).prepare
+        self.specials = list(self.ref.special_ids)
+        self.special_re = (re.compile("|".join(re.escape(s) for s in sorted(
+            self.specials, key=len, reverse=True))) if self.specials else None)
+
+    def ordinary(self, text: str, valid_utf8: bool = True) -> list[int]:
+        if self.tk is None or not valid_utf8:
+            return self.ref.encode_ordinary(text)
+        return self.tk.encode_ordinary(self.prepare(text) if self.prepare else text)
+
+    def encode(self, text: str, valid_utf8: bool = True) -> tuple[list[int], int]:
+        """(ids, number of special tokens encoded as special ids)."""
+        mode = self.plan.special_in_text
+        if mode == "text" or self.special_re is None:
+            return self.ordinary(text, valid_utf8), 0
+        m = self.special_re.search(text)
+        if m is None:
+            return self.ordinary(text, valid_utf8), 0
+        if mode == "error":
+            raise EncodeError(
+                f"the text contains the special token {m.group()!r}: set special_in_text = "
+                "special (encode it as its id) or text (encode it as ordinary text)")
+        out: list[int] = []
+        pos, n = 0, 0
+        for m in self.special_re.finditer(text):
+            out += self.ordinary(text[pos:m.start()], valid_utf8)
+            out.append(self.ref.special_ids[m.group()])
+            pos, n = m.end(), n + 1
+        out += self.ordinary(text[pos:], valid_utf8)
+        return out, n
+
+
+_WORKER_ENCODERS: dict[str, BatchEncoder] = {}
+
+
+def worker_encoder(plan: EncodePlan) -> BatchEncoder:
+    """One encoder per plan per Python worker (workers are reused across tasks)."""
+    enc = _WORKER_ENCODERS.get(plan.token)
+    if enc is None:
+        _WORKER_ENCODERS.clear()
+        enc = _WORKER_ENCODERS[plan.token] = BatchEncoder(plan)
+    return enc
+
+
+def encode_batch(enc: BatchEncoder, batch: pa.RecordBatch, stats: dict[str, float],
+                 ids_type: pa.DataType = IDS_TYPE) -> pa.Array:
+    """Column 0 of ``batch`` is the text, the others its key: the token ids of each row as a
+    list<int32> array (``ids_type``); ``stats`` is updated."""
+    col = batch.column(0)
+    texts = col.to_pylist()
+    binary = pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
+    t0 = time.perf_counter()
+    ids_lists: list[list[int]] = []
+    words = specials = invalid = 0
+    for i, value in enumerate(texts):
+        if value is None:
+            ids_lists.append([])
+            continue
+        valid = True
+        if binary:
+            value, valid = decode_row(value)
+            invalid += not valid
+        try:
+            ids, n_special = enc.encode(value, valid)
+        except EncodeError as exc:
+            keys = {batch.schema.field(j).name: batch.column(j)[i].as_py()
+                    for j in range(1, batch.num_columns)}
+            raise EncodeError(f"{_ROW_ERROR}row {json.dumps(keys, default=str)}: {exc}"
+                              ) from None
+        ids_lists.append(ids)
+        words += len(value.split())
+        specials += n_special
+    lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
+    total = int(lengths.sum())
+    offsets = np.zeros(len(ids_lists) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=np.int32, count=total)
+    stats["python_seconds"] += time.perf_counter() - t0
+    nulls = col.null_count
+    stats["rows"] += len(texts)
+    stats["null_rows"] += nulls
+    stats["invalid_utf8_rows"] += invalid
+    stats["bytes"] += int(pc.sum(pc.binary_length(col)).as_py() or 0)
+    stats["words"] += words
+    stats["tokens"] += total
+    stats["special_tokens"] += specials
+    mask = col.is_null() if nulls else None
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=ids_type, mask=mask)
+
+
+class _PartitionStats(AccumulatorParam):
+    """{partition id: stats}: a retried task replaces its partition's entry."""
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, a: dict, b: dict) -> dict:  # noqa: N802 - Spark's name
+        a.update(b)
+        return a
+
+
+def _encode_fn(bc, acc, out_schema: pa.Schema):
+    def encode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        enc = worker_encoder(bc.value)
+        stats = dict.fromkeys(STAT_KEYS, 0)
+        stats["reference_fallback"] = int(enc.fell_back)
+        ids_type = out_schema.field(len(out_schema) - 1).type
+        for batch in batches:
+            ids = encode_batch(enc, batch, stats, ids_type)
+            yield pa.RecordBatch.from_arrays([*batch.columns[1:], ids], schema=out_schema)
+        acc.add({TaskContext.get().partitionId(): stats})
+
+    return encode_partition
+
+
+# -- the stage ------------------------------------------------------------------------------------
+
+@dataclass
+class EncodeResult:
+    output: str
+    stats: dict
+
+
+def _row_error(exc: BaseException) -> str | None:
+    m = re.search(re.escape(_ROW_ERROR) + r"(.*)", str(exc))
+    return m.group(1).strip() if m else None
+
+
+def summarize(parts: dict[int, dict], seconds: float) -> dict:
+    tot = {k: sum(p[k] for p in parts.values()) for k in STAT_KEYS}
+    tokens, words = tot["tokens"], tot["words"]
+    return {
+        "rows": tot["rows"], "null_rows": tot["null_rows"],
+        "invalid_utf8_rows": tot["invalid_utf8_rows"], "bytes": tot["bytes"],
+        "words": words, "tokens": tokens, "special_tokens": tot["special_tokens"],
+        "bytes_per_token": round(tot["bytes"] / tokens, 4) if tokens else None,
+        "tokens_per_word": round(tokens / words, 4) if words else None,
+        "partitions": len(parts),
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / seconds) if seconds > 0 else None,
+        "python_encode_seconds": round(tot["python_seconds"], 3),
+        "partitions_without_tiktoken": tot["reference_fallback"],
+    }
+
+
+def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
+    """Encode ``cfg.input`` with the run at ``cfg.tokenizer`` into ``cfg.output``."""
+    t0 = time.time()
+    check_encode_config(cfg, spark)
+    plan = load_plan(spark, cfg)
+    df, _ = read_corpus(spark, cfg.input, cfg.text_column)
+    keys = list(cfg.key_columns)
+    for k in keys:
+        if k not in df.columns:
+            raise ConfigError(f"config key 'key_columns': column {k!r} not in {cfg.input} "
+                              f"(columns: {', '.join(df.columns)})")
+        if k == cfg.text_column:
+            raise ConfigError(f"config key 'key_columns': {k!r} is the text column")
+    if not keys:
+        keys = [c for c in df.columns if c != cfg.text_column]
+    if keys:
+        src = df.select(F.col(cfg.text_column), *(F.col(k) for k in keys))
+    else:
+        keys = list(AUTO_KEYS)
+        src = df.select(F.col(cfg.text_column), F.col("_metadata.file_path").alias("file"),
+                        F.col("_metadata.row_index").alias("row"))
+    if cfg.ids_column in keys:
+        raise ConfigError(f"config key 'ids_column': {cfg.ids_column!r} is also a key column; "
+                          "choose another name (--ids-column NAME)")
+    if cfg.num_partitions:
+        src = src.repartition(cfg.num_partitions)
+    else:  # a lone small file can be one partition: give every core some of it
+        cores = spark.sparkContext.defaultParallelism
+        if src.rdd.getNumPartitions() < cores:
+            src = src.repartition(cores)
+    out_struct = T.StructType([src.schema[k] for k in keys] + [
+        T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    out_schema = to_arrow_schema(out_struct)
+    sc = spark.sparkContext
+    bc = sc.broadcast(plan)
+    acc = sc.accumulator({}, _PartitionStats())
+    encoded = src.mapInArrow(_encode_fn(bc, acc, out_schema), out_struct)
+    tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
+             plan.engine, len(plan.meta["merges"]), cfg.output)
+    t_enc = time.time()
+    try:
+        encoded.write.parquet(tmp)
+    except Exception as exc:
+        fsutil.delete(spark, tmp)
+        msg = _row_error(exc)
+        if msg is not None:
+            raise ConfigError(f"config key 'special_in_text': {msg}") from None
+        raise
+    finally:
+        bc.unpersist()
+    stats = summarize(acc.value, time.time() - t_enc)
+    if stats["partitions_without_tiktoken"]:
+        log.warning("%d partitions ran on executors without tiktoken and used the reference "
+                    "encoder (same ids, slower): install tiktoken on the executors",
+                    stats["partitions_without_tiktoken"])
+    stats["seconds_total"] = round(time.time() - t0, 3)
+    stats["engine"] = plan.engine
+    summary = {"format": "spark-bpe encoded corpus", "version": 1, "input": cfg.input,
+               "tokenizer": cfg.tokenizer, "text_column": cfg.text_column,
+               "key_columns": keys, "ids_column": cfg.ids_column,
+               "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
+               "stats": stats}
+    fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
+    fsutil.replace_dir(spark, tmp, cfg.output)
+    log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
+             "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
+             stats["bytes_per_token"] or 0, stats["tokens_per_word"] or 0, stats["seconds"])
+    return EncodeResult(cfg.output, summary)
+
+
+def _n_vocab(meta: dict) -> int:
+    base = 256 if meta["alphabet"] == "bytes" else len(meta["base_tokens"])
+    return base + len(meta["merges"]) + len(meta["special_tokens"])

@@ -1,0 +1,137 @@
+"""Benchmark the encode job against single-process tiktoken on the same text and run.
+
+    python scripts/bench_encode.py --input PARQUET [--run RUN_DIR | --vocab-size N]
+        [--master local[2]] [--cores 2] [--out-dir DIR]
+
+1. the run: ``--run``, or ``jobs/train.py`` on ``--input`` with ``--vocab-size`` (default 32768);
+2. baseline: every row read with pyarrow into one process, tiktoken loaded from the run's export
+   (``load_tiktoken``), ``encode_ordinary_batch(texts, num_threads=1)``: tokens/s x ``--cores``
+   is what the cores could do with no plumbing at all (``num_threads=cores`` is measured too);
+3. the job: ``jobs/encode.py --master local[2]`` in a fresh process: wall time (JVM start
+   included) and the encode stage alone (``_encode.json`` seconds: read, Python, write);
+4. the job again on the first 50 rows: the stage's fixed cost (Python workers starting,
+   JIT, output commit), so the marginal rate (tokens / (stage - fixed)) shows what the job
+   does at scale;
+5. the baseline again, so a noisy machine shows as two different baseline figures.
+
+Prints a table and the ratios (target: stage tokens/s >= 0.5 x the baseline x cores) and writes
+``bench_encode.json`` into ``--out-dir``. Token totals of the job and the baseline must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def baseline(run_dir: str, texts: list[str], threads: int) -> tuple[float, int]:
+    from pipeline.outputs import load_tiktoken
+
+    enc = load_tiktoken(run_dir, ignore_normalization=True)
+    t0 = time.perf_counter()
+    out = enc.encode_ordinary_batch(texts, num_threads=threads)
+    sec = time.perf_counter() - t0
+    return sec, sum(map(len, out))
+
+
+def run(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    sec = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    return sec, res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True)
+    p.add_argument("--run", default="")
+    p.add_argument("--vocab-size", type=int, default=32768)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--out-dir", default=str(REPO / "out" / "bench-encode"))
+    args = p.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    run_dir = args.run
+    if not run_dir:
+        run_dir = str(out / "run")
+        sec, _ = run([py, "jobs/train.py", "--input", args.input, "--output", run_dir,
+                      "--vocab-size", str(args.vocab_size), "--master", args.master,
+                      "--text-column", args.text_column])
+        print(f"trained {run_dir} in {sec:.1f} s")
+
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(args.input, format="parquet").to_table(columns=[args.text_column])
+    texts = [t for t in table.column(0).to_pylist() if t]
+    n_bytes = sum(len(t.encode()) for t in texts)
+    print(f"input: {len(texts):,} rows, {n_bytes / 1e6:.1f} MB")
+
+    b1, tokens = baseline(run_dir, texts, 1)
+    bn, _ = baseline(run_dir, texts, args.cores)
+    wall, res = run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", args.input,
+                     "--output", str(out / "encoded"), "--master", args.master,
+                     "--text-column", args.text_column])
+    st = json.loads((out / "encoded" / "_encode.json").read_text())["stats"]
+    import pyarrow.parquet as pq
+
+    (out / "tiny").mkdir(exist_ok=True)
+    pq.write_table(table.slice(0, 50), out / "tiny" / "part-0.parquet")
+    run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", str(out / "tiny"),
+         "--output", str(out / "encoded-tiny"), "--master", args.master,
+         "--text-column", args.text_column])
+    tiny = json.loads((out / "encoded-tiny" / "_encode.json").read_text())["stats"]
+    marginal = (tokens - tiny["tokens"]) / max(st["seconds"] - tiny["seconds"], 1e-9)
+    b2, _ = baseline(run_dir, texts, 1)
+    if st["tokens"] != tokens:
+        sys.exit(f"token totals differ: job {st['tokens']}, tiktoken {tokens}")
+    single = tokens / min(b1, b2)
+    ideal = single * args.cores
+    rows = [
+        ("tiktoken encode_ordinary_batch, 1 thread (best of 2)", min(b1, b2), tokens / min(b1, b2)),
+        (f"  x {args.cores} cores (the target's reference)", min(b1, b2) / args.cores, ideal),
+        (f"tiktoken encode_ordinary_batch, {args.cores} threads", bn, tokens / bn),
+        (f"encode job {args.master}: encode stage", st["seconds"], tokens / st["seconds"]),
+        (f"encode job {args.master}: wall, JVM start included", wall, tokens / wall),
+        (f"encode job {args.master}: stage on 50 rows (fixed cost)", tiny["seconds"],
+         tiny["tokens"] / tiny["seconds"]),
+        (f"encode job {args.master}: marginal (stage - fixed cost)",
+         st["seconds"] - tiny["seconds"], marginal),
+    ]
+    print(f"{tokens:,} tokens; machine load average {os.getloadavg()[0]:.1f}")
+    print(f"{'what':58} {'seconds':>8} {'tokens/s':>12}")
+    for name, sec, rate in rows:
+        print(f"{name:58} {sec:8.2f} {rate:12,.0f}")
+    ratio_stage = (tokens / st["seconds"]) / ideal
+    ratio_wall = (tokens / wall) / ideal
+    ratio_marginal = marginal / ideal
+    print(f"ratio to {args.cores} x tiktoken: stage {ratio_stage:.2f}, marginal "
+          f"{ratio_marginal:.2f}, wall {ratio_wall:.2f}   (target >= 0.5)")
+    print(f"python encode seconds (sum over tasks): {st['python_encode_seconds']}, "
+          f"partitions {st['partitions']}")
+    (out / "bench_encode.json").write_text(json.dumps({
+        "input": args.input, "run": run_dir, "rows": len(texts), "bytes": n_bytes,
+        "tokens": tokens, "tiktoken_1_thread_seconds": [b1, b2],
+        "tiktoken_n_threads_seconds": bn, "job_stage_seconds": st["seconds"],
+        "job_wall_seconds": wall, "job_fixed_stage_seconds": tiny["seconds"],
+        "ratio_stage": ratio_stage, "ratio_marginal": ratio_marginal, "ratio_wall": ratio_wall,
+        "job_stats": st, "load_average": os.getloadavg(),
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

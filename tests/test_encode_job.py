@@ -1,0 +1,185 @@
+"""The encode stage (``pipeline.encode_corpus``) and ``jobs/encode.py``: every row's ids equal the
+reference encoder's, statistics are recomputed independently, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import Config, ConfigError
+from pipeline.encode_corpus import encode_corpus
+from pipeline.encoder import Tokenizer
+from pipeline.train import train
+
+from .conftest import EN_DOCS, MULTILINGUAL, REPO
+from .test_exports import EOT, corpus_rows
+
+pytestmark = pytest.mark.spark
+
+EDGE_ROWS = ["", "   \n\n\t  ", "😀👍🏽 家族 👩‍👩‍👧‍👦", "שָׁלוֹם 123456789 مرحبا", "e\u0301\u0301 x",
+             "a\r\nb\r\n\r\n", " " * 300 + "end", "digits 3.14159 and ١٢٣"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(spark, tmp_path_factory) -> Path:
+    """A run trained by ``pipeline.train`` (the job's code path) on en-docs + multilingual."""
+    d = tmp_path_factory.mktemp("encode-train")
+    texts = (corpus_rows(EN_DOCS, "part-00000.parquet", 100_000)
+             + corpus_rows(MULTILINGUAL, "part-00000.parquet", 100_000))
+    (d / "corpus").mkdir()
+    pq.write_table(pa.table({"text": texts}), d / "corpus" / "part-0.parquet")
+    cfg = Config(input=str(d / "corpus"), output=str(d / "run"), vocab_size=1200,
+                 special_tokens=[EOT], engine="local", progress_bar=False)
+    train(spark, cfg)
+    return d / "run"
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory) -> Path:
+    """Held-out rows with a key column and a second column, in two files."""
+    d = tmp_path_factory.mktemp("encode-input")
+    texts = (corpus_rows(EN_DOCS, "part-00001.parquet", 60_000)
+             + corpus_rows(MULTILINGUAL, "part-00001.parquet", 60_000) + EDGE_ROWS + [None])
+    n = len(texts)
+    half = n // 2
+    table = pa.table({"doc_id": pa.array(range(n), pa.int64()), "text": texts,
+                      "lang": ["x"] * n})
+    pq.write_table(table.slice(0, half), d / "part-0.parquet")
+    pq.write_table(table.slice(half), d / "part-1.parquet")
+    return d
+
+
+def read_output(path: Path) -> pa.Table:
+    return pq.read_table(path)  # pyarrow skips _encode.json and _SUCCESS
+
+
+@pytest.mark.parametrize("engine", ["tiktoken", "reference"])
+def test_every_row_equals_the_reference_encoder(spark, run_dir, held_out, tmp_path, engine):
+    out = tmp_path / "enc"
+    cfg = Config(input=str(held_out), tokenizer=str(run_dir), output=str(out),
+                 encode_engine=engine, num_partitions=3)
+    res = encode_corpus(spark, cfg)
+    table = read_output(out)
+    assert table.column_names == ["doc_id", "lang", "ids"]
+    assert table.schema.field("ids").type.value_type == pa.int32()
+    src = pq.read_table(held_out).to_pydict()
+    got = dict(zip(table.column("doc_id").to_pylist(), table.column("ids").to_pylist()))
+    assert sorted(got) == src["doc_id"]
+    ref = Tokenizer.load(str(run_dir))
+    n_bytes = n_tokens = n_words = 0
+    for doc_id, text in zip(src["doc_id"], src["text"]):
+        if text is None:
+            assert got[doc_id] is None
+            continue
+        expected = ref.encode(text)
+        assert got[doc_id] == expected, (doc_id, text[:80])
+        assert ref.decode(got[doc_id]) == text
+        n_bytes += len(text.encode())
+        n_tokens += len(expected)
+        n_words += len(text.split())
+    st = res.stats["stats"]
+    assert (st["rows"], st["null_rows"], st["bytes"], st["tokens"], st["words"]) == (
+        len(src["text"]), 1, n_bytes, n_tokens, n_words)
+    assert st["bytes_per_token"] == round(n_bytes / n_tokens, 4)
+    assert st["tokens_per_word"] == round(n_tokens / n_words, 4)
+    assert st["engine"] == engine and st["partitions"] == 3
+    on_disk = json.loads((out / "_encode.json").read_text())
+    assert on_disk["stats"] == st and on_disk["tokenizer"] == str(run_dir)
+
+
+def test_special_tokens_policy_and_auto_keys(spark, run_dir, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    texts = ["plain text", f"one{EOT}two", "more plain text"]
+    pq.write_table(pa.table({"text": texts}), src / "a.parquet")
+    ref = Tokenizer.load(str(run_dir))
+    out = tmp_path / "out"
+    base = dict(input=str(src), tokenizer=str(run_dir), output=str(out))
+    with pytest.raises(ConfigError) as err:
+        encode_corpus(spark, Config(**base))
+    msg = str(err.value)
+    assert "\n" not in msg and '"row": 1' in msg and "<|endoftext|>" in msg
+    assert "special_in_text" in msg
+    assert not out.exists() and not list(tmp_path.glob("out.tmp-*"))  # nothing half-written
+    for mode, kwargs in (("special", {"allowed_special": "all"}),
+                         ("text", {"disallowed_special": ()})):
+        res = encode_corpus(spark, Config(**base, special_in_text=mode))
+        table = read_output(out).sort_by("row")
+        assert table.column_names == ["file", "row", "ids"]  # text only: file + row are the key
+        assert table.column("row").to_pylist() == [0, 1, 2]
+        assert table.column("ids").to_pylist() == [ref.encode(t, **kwargs) for t in texts]
+        assert res.stats["stats"]["special_tokens"] == (1 if mode == "special" else 0)
+
+
+def test_binary_text_column_keeps_invalid_utf8_exact(spark, run_dir, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    rows = [b"valid text", b"caf\xe9 not utf-8 \xff\xfe", "日本語".encode()]
+    pq.write_table(pa.table({"k": [1, 2, 3], "text": pa.array(rows, pa.binary())}),
+                   src / "a.parquet")
+    out = tmp_path / "out"
+    res = encode_corpus(spark, Config(input=str(src), tokenizer=str(run_dir), output=str(out),
+                                      key_columns=["k"], ids_column="tokens"))
+    table = read_output(out).sort_by("k")
+    assert table.column_names == ["k", "tokens"]
+    ref = Tokenizer.load(str(run_dir))
+    assert [ref.decode_bytes(ids) for ids in table.column("tokens").to_pylist()] == rows
+    assert res.stats["stats"]["invalid_utf8_rows"] == 1
+
+
+def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
+    out = str(tmp_path / "o")
+    cases = [
+        (dict(input=str(held_out), tokenizer=str(tmp_path / "nope"), output=out),
+         "not a trained run directory"),
+        (dict(input=str(held_out), tokenizer=str(run_dir), output=out, key_columns=["nope"]),
+         "column 'nope' not in"),
+        (dict(input=str(held_out), tokenizer=str(run_dir), output=out, text_column="body"),
+         "column 'body' not in"),
+        (dict(input=str(held_out), tokenizer=str(run_dir), output=out, ids_column="doc_id"),
+         "'ids_column'"),
+        (dict(input=str(held_out), tokenizer=str(run_dir), output=str(run_dir)),
+         "overlaps --tokenizer"),
+        (dict(input=str(held_out), tokenizer=str(run_dir), output=out, special_in_text="drop"),
+         "'special_in_text' must be one of"),
+    ]
+    for kwargs, expected in cases:
+        with pytest.raises(ConfigError, match=expected) as err:
+            encode_corpus(spark, Config(**kwargs))
+        assert "\n" not in str(err.value)
+    assert not Path(out).exists()
+
+
+def run_encode_job(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "encode.py"), "--master",
+                           "local[2]", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_job_end_to_end_and_exit_codes(run_dir, held_out, tmp_path):
+    out = tmp_path / "enc"
+    r = run_encode_job("--tokenizer", str(run_dir), "--input", str(held_out), "--output",
+                       str(out), "--key-columns", "doc_id")
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout.splitlines()[0])
+    table = read_output(out)
+    assert table.column_names == ["doc_id", "ids"]
+    assert printed["tokens"] == sum(len(x) for x in table.column("ids").to_pylist() if x)
+    assert printed["rows"] == table.num_rows
+    # rerun replaces the earlier output; a directory that is not an encode output is refused
+    r = run_encode_job("--tokenizer", str(run_dir), "--input", str(held_out), "--output",
+                       str(run_dir.parent / "corpus"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "is not the output of an earlier encode" in r.stderr
+    r = run_encode_job("--input", str(held_out), "--output", str(tmp_path / "x"))
+    assert r.returncode == 2 and "config key 'tokenizer'" in r.stderr
+    (tmp_path / "not-a-run").mkdir()
+    r = run_encode_job("--tokenizer", str(tmp_path / "not-a-run"), "--input", str(held_out),
+                       "--output", str(tmp_path / "x"))
+    assert r.returncode == 2 and "not a trained run directory" in r.stderr
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,126 @@
+"""report.html: its numbers against independent computations, the Spark entry point, and a
+render in headless Chromium (skipped when no Chromium is installed) that must not scroll
+sideways."""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import Config
+from pipeline.encoder import Tokenizer
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
+from pipeline.report import (
+    TRACE_ROWS,
+    _visible,
+    measure_sample,
+    render_report,
+    write_report,
+)
+
+from .conftest import MULTILINGUAL, REPO
+from .test_exports import EOT, corpus_rows, train_in_memory
+
+
+def _load_render_script():
+    spec = importlib.util.spec_from_file_location("render_report",
+                                                  REPO / "scripts" / "render_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["render_report"] = mod  # dataclasses need their module registered
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A multilingual run, its exact per-merge token counts, and held-out rows."""
+    d = tmp_path_factory.mktemp("report")
+    texts = corpus_rows(MULTILINGUAL, "part-00000.parquet", 300_000)
+    tok = train_in_memory(texts, d, "cl100k", 1500, (EOT,))
+    pre = Pretokenizer(PretokenizerSpec("cl100k", (EOT,)))
+    table, _ = count_files(pre, [(0, texts)])
+    total = sum(len(w) * c for w, c, _ in table)
+    held = corpus_rows(MULTILINGUAL, "part-00002.parquet", 40_000)
+    return tok, texts, held, total, d
+
+
+def test_numbers_match_the_reference_encoder(trained):
+    tok, texts, held, total, d = trained
+    sample = measure_sample(tok, held, "held out rows", held_out=True)
+    ref = Tokenizer.load(str(d))
+    n_bytes = sum(len(w.encode()) for t in held for w in ref.words(t))
+    n_tokens = sum(len(ref.encode(t)) for t in held)
+    assert sample.bytes == n_bytes
+    assert sample.curve[0] == (0, 1.0)  # bytes alphabet: one token per byte before merging
+    assert sample.curve[-1][0] == len(tok.merges)
+    assert sample.curve[-1][1] == pytest.approx(n_bytes / n_tokens)
+    assert sum(sample.length_hist.values()) == n_tokens
+    lengths = sum(len(ref.vocab[i]) for t in held for i in ref.encode(t))
+    assert sum(k * v for k, v in sample.length_hist.items()) <= lengths  # 16+ is capped
+    # a point inside the curve: encode afresh with that prefix of the merge list
+    k, bpt = sample.curve[len(sample.curve) // 10]
+    assert 0 < k < len(tok.merges)
+    head = Tokenizer(tok.base, tok.merges[:k], [], PretokenizerSpec("cl100k"))
+    assert bpt == pytest.approx(n_bytes / sum(len(head.encode(t)) for t in held))
+    for toks in sample.examples:  # the examples are real encodings of text from the sample
+        joined = b"".join(t if isinstance(t, bytes) else t.encode() for t in toks)
+        assert any(joined.decode() in t for t in held)
+
+
+def test_page_shows_trace_curve_and_examples(trained):
+    tok, texts, held, total, d = trained
+    left = [total - i for i in range(1, len(tok.merges) + 1)]  # any decreasing sequence
+    sample = measure_sample(tok, held, "held out rows", held_out=True)
+    page = render_report(tok, left, total, total, sample, title="my run")
+    assert page.count("<svg") == 2 and "held-out sample" in page
+    rows = re.findall(r'<tr><td class="num">([\d,]+)</td>', page)
+    ranks = [int(r.replace(",", "")) for r in rows]
+    n = len(tok.merges)
+    assert ranks == list(range(1, TRACE_ROWS + 1)) + list(range(n - TRACE_ROWS + 1, n + 1))
+    first = tok.merges[0]
+    assert html.escape(_visible(tok.vocab[first.new_id])) in page
+    assert f"{first.count:,}" in page
+    assert page.count('class="example"') == len(sample.examples) > 0
+    assert f"{total / left[-1]:.3f}" in page
+
+
+def test_write_report_through_spark(spark, trained, tmp_path):
+    tok, texts, held, total, d = trained
+    (tmp_path / "held").mkdir()
+    pq.write_table(pa.table({"text": held}), tmp_path / "held" / "a.parquet")
+    words = spark.createDataFrame([(b"ab", 3), (b"c", 2)], "word binary, count long")
+    cfg = Config(output=str(tmp_path / "run"), report_sample=str(tmp_path / "held"),
+                 report_sample_rows=50)
+    path = write_report(spark, cfg, tok, [7] * len(tok.merges), words)
+    page = Path(path).read_text()
+    assert "8 bytes in words" in page and "held out in" in page and "held-out sample" in page
+    cfg = Config(output=str(tmp_path / "run2"), input=str(tmp_path / "nope"))
+    page = Path(write_report(spark, cfg, tok, [7] * len(tok.merges), words)).read_text()
+    assert "no sample in this report" in page  # an unreadable sample does not fail the run
+
+
+def test_report_renders_without_sideways_scrolling(trained, tmp_path):
+    mod = _load_render_script()
+    binary = mod.find_chromium()
+    if binary is None:
+        pytest.skip("no Chromium (apt-get install chromium-headless-shell)")
+    tok, texts, held, total, d = trained
+    left = [total - i for i in range(1, len(tok.merges) + 1)]
+    page = render_report(tok, left, total, total, measure_sample(tok, held, "held out", True))
+    report = tmp_path / "report.html"
+    report.write_text(page, encoding="utf-8")
+    for width in (1000, 412):
+        r = mod.render(report, width, tmp_path / f"r{width}.png", binary)
+        assert r.ok, f"scrolls sideways at {width}px: {r.overflowing}"
+        assert r.height > 1000 and r.png.stat().st_size > 10_000
+    # the check itself can fail: a page with one unbreakable wide line
+    wide = tmp_path / "wide.html"
+    wide.write_text("<html><body><pre>" + "x" * 400 + "</pre></body></html>")
+    assert not mod.render(wide, 600, None, binary).ok
