@@ -2,6 +2,10 @@
 
 Trains a byte-level BPE tokenizer end to end and writes a run directory. With no arguments it
 trains on the sample corpus shipped in data/sample (see conf/default.toml).
+
+Exit code 0 only when RUN_DIR/run.json (written last) exists; otherwise non-zero, and the last
+line of output is a one-line reason. Rerunning a finished run is a no-op that says where the
+output is; rerunning an interrupted one resumes from its newest checkpoint.
 """
 
 import os
@@ -15,6 +19,7 @@ from pipeline.config import Config  # noqa: E402
 
 
 def main(cfg: Config) -> int:
+    from pipeline import fsutil
     from pipeline.spark_session import build_session
     from pipeline.train import train
 
@@ -22,12 +27,17 @@ def main(cfg: Config) -> int:
     spark = build_session(cfg, "spark-bpe train")
     try:
         result = train(spark, cfg, session_seconds=time.time() - t0)
+        complete = fsutil.exists(spark, fsutil.join(result.run_dir, "run.json"))
     finally:
         spark.stop()
+    if not complete:
+        raise RuntimeError(f"training ended but {result.run_dir}/run.json was not written")
     if result.already_done:
-        print(f"already complete: tokenizer in {result.run_dir}")
+        print(f"already complete, nothing to do: tokenizer in {result.run_dir}")
     else:
-        print(f"trained {len(result.merges)} merges: tokenizer written to {result.run_dir}")
+        note = " (stopped early: no pair qualifies)" if result.stats.get("stopped_early") else ""
+        print(f"trained {len(result.merges)} merges{note}: tokenizer written to "
+              f"{result.run_dir}")
     return 0
 
 

@@ -1,10 +1,21 @@
 """Durable, versioned checkpoints of the merge list (text, checksummed, written atomically).
 
 A checkpoint file ``merges-<count>.txt`` holds a header (format version, fingerprint of the
-config and word table it belongs to, number of merges), one ``left right count`` line per merge
-(token ids), and a last line with the SHA-256 of everything above it. A reader never sees a
-half-written file (temp + rename); a corrupt or truncated one is detected by the checksum,
-reported, and the previous good one is used.
+config and word table it belongs to, the settings the fingerprint covers as one JSON line,
+number of merges), one ``left right count removed`` line per merge (token ids, pair count,
+corpus tokens the merge removed), and a last line with the SHA-256 of everything above it.
+A reader never sees a half-written file (temp + rename); a corrupt or truncated one is detected
+by the checksum, reported, and the previous good one is used. The last ``KEEP`` files are kept.
+
+Example::
+
+    #spark-bpe merges checkpoint v1
+    #fingerprint 3f005c28c8ec580d8d3fbe7b4c51e074
+    #settings {"alphabet": "bytes", ...}
+    #merges 2
+    32 116 1234 1234
+    104 101 1100 1100
+    #sha256 9c0f...
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 
 from pyspark.sql import SparkSession
@@ -28,83 +40,143 @@ _NAME = re.compile(r"merges-(\d{9})\.txt$")
 KEEP = 3
 
 
-def fingerprint(cfg: Config, word_table_meta: dict, base_size: int) -> str:
-    """What the merge sequence depends on (not the vocabulary size: a bigger one extends it)."""
-    doc = {
+def fingerprint_settings(cfg: Config, word_table_meta: dict, base_size: int,
+                         table_digest: str) -> dict:
+    """Everything the merge sequence depends on (not the vocabulary size: a bigger one extends
+    it, a smaller one is a prefix). ``table_digest`` summarises the word table's content, so a
+    moved corpus still matches and a changed one does not."""
+    return {
         "pretokenizer": word_table_meta.get("pretokenizer"),
-        "word_table": {k: word_table_meta.get(k) for k in ("input", "unique_words", "stats")},
+        "word_table": {
+            "digest": table_digest,
+            "unique_words": word_table_meta.get("unique_words"),
+            "stats": word_table_meta.get("stats"),
+        },
         "alphabet": cfg.alphabet,
         "end_of_word_suffix": cfg.end_of_word_suffix,
         "base_size": base_size,
         "min_pair_count": cfg.min_pair_count,
         "max_token_bytes": cfg.max_token_bytes,
     }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def render(merges: list[Merge], removed: list[int], fp: str) -> str:
-    body = [f"{HEADER} v{VERSION}", f"#fingerprint {fp}", f"#merges {len(merges)}"]
+def fingerprint_of(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def explain_difference(theirs: dict | None, ours: dict) -> str:
+    """Which fingerprinted settings differ, in words (for the refusal message)."""
+    if not theirs:
+        return "the checkpoint does not record its settings"
+    diffs = []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(key), ours.get(key)
+        if a == b:
+            continue
+        if key == "word_table":
+            diffs.append("the word table (a different corpus or word-count settings)")
+        elif key == "pretokenizer":
+            diffs.append(f"pretokenizer (checkpoint {json.dumps(a)}, this run {json.dumps(b)})")
+        else:
+            diffs.append(f"{key} (checkpoint {a!r}, this run {b!r})")
+    return "; ".join(diffs) or "the settings fingerprint"
+
+
+def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | None = None
+           ) -> str:
+    body = [f"{HEADER} v{VERSION}", f"#fingerprint {fp}"]
+    if settings is not None:
+        body.append(f"#settings {json.dumps(settings, sort_keys=True)}")
+    body.append(f"#merges {len(merges)}")
     body += [f"{m.left} {m.right} {m.count} {r}" for m, r in zip(merges, removed)]
     text = "\n".join(body) + "\n"
     return text + f"#sha256 {hashlib.sha256(text.encode()).hexdigest()}\n"
 
 
-def parse(text: str, base_size: int) -> tuple[str, list[Merge], list[int]]:
-    """(fingerprint, merges, tokens removed by each); ValueError if corrupt or truncated."""
-    lines = text.split("\n")
-    if len(lines) < 5 or not lines[-2].startswith("#sha256 "):
+def parse_full(text: str, base_size: int
+               ) -> tuple[str, dict | None, list[Merge], list[int]]:
+    """(fingerprint, settings, merges, tokens removed by each); ValueError if corrupt."""
+    if not text.endswith("\n"):
+        raise ValueError("truncated (no final newline)")
+    lines = text[:-1].split("\n")
+    if len(lines) < 4 or not lines[-1].startswith("#sha256 "):
         raise ValueError("truncated (no checksum line)")
-    body = "\n".join(lines[:-2]) + "\n"
-    if hashlib.sha256(body.encode()).hexdigest() != lines[-2].split()[1]:
+    body = "\n".join(lines[:-1]) + "\n"
+    if hashlib.sha256(body.encode()).hexdigest() != lines[-1].split(" ", 1)[1].strip():
         raise ValueError("checksum mismatch")
     if lines[0] != f"{HEADER} v{VERSION}":
         raise ValueError(f"unknown format {lines[0]!r}")
-    fp = lines[1].split()[1]
-    n = int(lines[2].split()[1])
+    head: dict[str, str] = {}
+    i = 1
+    while i < len(lines) - 1 and lines[i].startswith("#"):
+        key, _, value = lines[i][1:].partition(" ")
+        head[key] = value
+        i += 1
+    if "fingerprint" not in head or "merges" not in head:
+        raise ValueError("header lacks fingerprint or merge count")
+    n = int(head["merges"])
+    rows = lines[i:-1]
+    if len(rows) != n:
+        raise ValueError(f"header says {n} merges, file has {len(rows)}")
     merges, removed = [], []
-    for i, line in enumerate(lines[3 : 3 + n]):
+    for k, line in enumerate(rows):
         a, b, c, r = (int(x) for x in line.split())
-        merges.append(Merge(a, b, base_size + i, c))
+        if not (0 <= a < base_size + k and 0 <= b < base_size + k):
+            raise ValueError(f"merge {k} refers to a token that does not exist yet")
+        merges.append(Merge(a, b, base_size + k, c))
         removed.append(r)
-    if len(merges) != n or len(lines) != n + 5:
-        raise ValueError("merge count does not match header")
+    settings = json.loads(head["settings"]) if "settings" in head else None
+    return head["fingerprint"], settings, merges, removed
+
+
+def parse(text: str, base_size: int) -> tuple[str, list[Merge], list[int]]:
+    """(fingerprint, merges, tokens removed by each); ValueError if corrupt or truncated."""
+    fp, _, merges, removed = parse_full(text, base_size)
     return fp, merges, removed
 
 
+def list_names(spark: SparkSession | None, directory: str) -> list[str]:
+    """Names of the entries of a directory on any Hadoop filesystem ([] if it is missing)."""
+    if fsutil.is_local(directory) or spark is None:
+        d = fsutil.local_path(directory)
+        return sorted(os.listdir(d)) if os.path.isdir(d) else []
+    fs, p = fsutil._fs(spark, directory)
+    return sorted(s.getPath().getName() for s in fs.listStatus(p)) if fs.exists(p) else []
+
+
 class Checkpointer:
-    def __init__(self, spark: SparkSession | None, directory: str, fp: str, base_size: int):
+    def __init__(self, spark: SparkSession | None, directory: str, fp: str, base_size: int,
+                 settings: dict | None = None):
         self.spark, self.dir, self.fp, self.base_size = spark, directory, fp, base_size
+        self.settings = settings
         self.last_written = -1
 
     def _files(self) -> list[tuple[int, str]]:
-        if fsutil.is_local(self.dir) or self.spark is None:
-            import os
-
-            d = fsutil.local_path(self.dir)
-            names = os.listdir(d) if os.path.isdir(d) else []
-        else:
-            fs, p = fsutil._fs(self.spark, self.dir)
-            names = [s.getPath().getName() for s in fs.listStatus(p)] if fs.exists(p) else []
         out = []
-        for name in names:
+        for name in list_names(self.spark, self.dir):
             m = _NAME.match(name)
             if m:
                 out.append((int(m.group(1)), fsutil.join(self.dir, name)))
         return sorted(out)
 
     def load(self) -> tuple[list[Merge], list[int]] | None:
-        """The newest valid checkpoint: (merges, tokens removed by each), or None."""
+        """The newest valid checkpoint: (merges, tokens removed by each), or None.
+
+        Raises ConfigError when the newest readable checkpoint belongs to another config or
+        corpus (never silently trains on top of foreign merges)."""
         for _, path in reversed(self._files()):
             try:
-                fp, merges, removed = parse(fsutil.read_text(self.spark, path), self.base_size)
+                fp, settings, merges, removed = parse_full(
+                    fsutil.read_text(self.spark, path), self.base_size)
             except (ValueError, IndexError) as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
                 continue
             if fp != self.fp:
+                why = explain_difference(settings, self.settings or {})
                 raise ConfigError(
-                    f"checkpoint {path} belongs to a different config or corpus (fingerprint "
-                    f"{fp}, this run {self.fp}); use another --checkpoint-dir or --output, or "
-                    "start fresh with --resume never"
+                    f"checkpoint {path} belongs to a different config or corpus: {why}. "
+                    "Use another --checkpoint-dir / --output, or start fresh with "
+                    "--resume never (deletes these checkpoints)"
                 )
             log.info("resuming from checkpoint %s (%d merges)", path, len(merges))
             self.last_written = len(merges)
@@ -112,11 +184,13 @@ class Checkpointer:
         return None
 
     def save(self, merges: list[Merge], removed: list[int]) -> None:
-        if len(merges) == self.last_written:
+        """Write ``merges-<n>.txt`` atomically; a list no longer than the newest checkpoint
+        (e.g. a smaller vocabulary served from a prefix) is not written again."""
+        if len(merges) <= self.last_written:
             return
         path = fsutil.join(self.dir, f"merges-{len(merges):09d}.txt")
         fsutil.mkdirs(self.spark, self.dir)
-        fsutil.write_text(self.spark, path, render(merges, removed, self.fp))
+        fsutil.write_text(self.spark, path, render(merges, removed, self.fp, self.settings))
         self.last_written = len(merges)
         for _, old in self._files()[:-KEEP]:
             fsutil.delete(self.spark, old)
@@ -124,3 +198,10 @@ class Checkpointer:
     def clear(self) -> None:
         for _, path in self._files():
             fsutil.delete(self.spark, path)
+        self.last_written = -1
+
+    def clean_temp(self) -> None:
+        """Remove temp files a killed writer left behind (they never look like checkpoints)."""
+        for name in list_names(self.spark, self.dir):
+            if name.startswith(".tmp-"):
+                fsutil.delete(self.spark, fsutil.join(self.dir, name))

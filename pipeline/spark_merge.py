@@ -15,6 +15,7 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
+from pipeline import fsutil
 from pipeline.block_bpe import (
     NO_POS,
     Block,
@@ -69,13 +70,21 @@ class SparkBlocks:
 
     def __init__(self, spark: SparkSession, words: DataFrame, num_partitions: int,
                  char_ids: dict[str, int] | None, suffix_id: int | None,
-                 lineage_every_rounds: int = 25, reliable_checkpoints: bool = False,
+                 lineage_every_rounds: int = 25, rdd_checkpoint_dir: str | None = None,
                  replay: list[tuple[int, int, int]] | None = None):
+        """``rdd_checkpoint_dir``: where lineage cuts are written on a cluster (a directory
+        every executor and the driver can reach: HDFS, S3A, or a shared/local path when all
+        executors run on one machine). Without it, or in ``local[...]`` mode where there is
+        no executor to lose, lineage is cut with ``localCheckpoint`` (in executor storage)."""
         self.spark = spark
         self.sc = spark.sparkContext
         self.lineage_every = lineage_every_rounds
-        self.reliable = reliable_checkpoints
         self.rounds = 0
+        self._ckpt_root: str | None = None
+        self.reliable = bool(rdd_checkpoint_dir) and not is_local_master(self.sc.master)
+        if self.reliable:
+            self.sc.setCheckpointDir(rdd_checkpoint_dir)
+            self._ckpt_root = self.sc.getCheckpointDir()
         ids_bc = self.sc.broadcast((char_ids, suffix_id))
 
         def build(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -112,6 +121,7 @@ class SparkBlocks:
         self._parts = [p for _, p in meta]
         self._starts = [s for s, _ in meta]
         self._previous: list = []
+        self._round_bcs: list = []  # broadcasts of the rounds since the last lineage cut
 
     def partitions(self) -> tuple[list[int], list[int]]:
         return list(self._parts), list(self._starts)
@@ -143,18 +153,23 @@ class SparkBlocks:
         out = self.state.map(lambda rec: (rec[0], *apply_round(rec[1], bc.value, rec[0])))
         out = out.persist(StorageLevel.MEMORY_AND_DISK)
         rep = out.map(lambda x: x[2]).treeReduce(combine_reports)
-        # the next state is derived from the cached output; cut lineage every few rounds
+        # the next state is derived from the cached output; cut lineage every few rounds.
+        # Until the cut, a lost executor's blocks are recomputed through this round's map, so
+        # its broadcast must stay alive: a Python worker that already saw it keeps reading the
+        # executor's file of it, which unpersist deletes (FileNotFoundError on recompute).
+        self._round_bcs.append(bc)
         state = out.map(lambda x: (x[0], x[1]))
         self.rounds += 1
         if self.rounds % self.lineage_every == 0:
             state = state.persist(StorageLevel.MEMORY_AND_DISK)
-            if self.reliable:
+            if self.reliable:  # written to the checkpoint dir: survives executor loss
                 state.checkpoint()
-            else:
+            else:  # local mode: executor storage (there is no executor to lose on its own)
                 state.localCheckpoint()
             state.count()
             self._drop_previous()
             out.unpersist(blocking=False)
+            self._drop_broadcasts()
         else:
             self._previous.append(out)
             if len(self._previous) > 2:
@@ -163,8 +178,12 @@ class SparkBlocks:
         self.state = state
         if old.is_cached and old is not state:
             old.unpersist(blocking=False)
-        bc.unpersist(blocking=False)
         return rep
+
+    def _drop_broadcasts(self) -> None:
+        for b in self._round_bcs:
+            b.unpersist(blocking=False)
+        self._round_bcs.clear()
 
     def _drop_previous(self) -> None:
         for r in self._previous:
@@ -187,7 +206,20 @@ class SparkBlocks:
 
     def close(self) -> None:
         self._drop_previous()
+        self._drop_broadcasts()
         self.state.unpersist(blocking=False)
+        if self._ckpt_root:  # this run's RDD checkpoints (setCheckpointDir made a fresh subdir)
+            try:
+                fsutil.delete(self.spark, self._ckpt_root)
+            except Exception as exc:  # leftover files are harmless; never fail the run on it
+                log.warning("could not remove RDD checkpoints %s: %s", self._ckpt_root, exc)
+            self._ckpt_root = None
 
 
-__all__ = ["SparkBlocks", "symbols_of", "NO_POS"]
+def is_local_master(master: str) -> bool:
+    """``local``/``local[N]``: driver and executor are one process, so no executor can be lost
+    on its own (``local-cluster[...]`` has separate executor JVMs and is not local here)."""
+    return master == "local" or master.startswith("local[")
+
+
+__all__ = ["SparkBlocks", "symbols_of", "is_local_master", "NO_POS"]

@@ -44,7 +44,13 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
 
 
 def _submit_conf() -> dict[str, str]:
-    """Settings spark-submit passed to this driver (empty under plain ``python``)."""
-    from pyspark import SparkConf
+    """Settings spark-submit passed to this driver (``--master``, ``--conf``).
 
+    They live in the JVM's system properties, so connect to the JVM first: a ``SparkConf()``
+    made before that is an empty Python-side dict, and every job would silently run in
+    ``local[*]`` whatever ``--master`` said. (Under plain ``python`` this starts the gateway
+    that ``getOrCreate`` would start anyway.)"""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
     return dict(SparkConf().getAll())

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab
-from pipeline.checkpoint import Checkpointer, fingerprint
+from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings, list_names
 from pipeline.config import Config, ConfigError
 from pipeline.fast_bpe import LocalTrainer
 from pipeline.merge_rounds import RoundStats, run_rounds
@@ -87,6 +87,7 @@ def _word_table_for(spark: SparkSession, cfg: Config) -> tuple[WordTable, float]
     if cfg.words:
         return open_word_table(spark, cfg.words), 0.0
     own = fsutil.join(cfg.output, "words")
+    _remove_stale_temp(spark, cfg.output, "words")
     if fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
         spec = cfg.pretokenizer_spec()
@@ -97,6 +98,7 @@ def _word_table_for(spark: SparkSession, cfg: Config) -> tuple[WordTable, float]
             log.info("reusing the word table already counted at %s", own)
             return wt, 0.0
     sub = Config(**{**cfg.__dict__, "output": own})
+    log.info("counting the words of %s into %s", cfg.input, own)
     wt = count_words(spark, sub)
     return wt, time.time() - t0
 
@@ -152,6 +154,26 @@ def _char_ids(base: BaseVocab) -> tuple[dict[str, int] | None, int | None]:
     return ids, (n if base.end_of_word_suffix else None)
 
 
+def _remove_stale_temp(spark: SparkSession, parent: str, name: str) -> None:
+    """A run killed while writing ``parent/name`` leaves ``name.tmp-*`` / ``name.old-*``."""
+    for entry in list_names(spark, parent):
+        if entry.startswith((f"{name}.tmp-", f"{name}.old-")):
+            log.info("removing %s left by an interrupted run", fsutil.join(parent, entry))
+            fsutil.delete(spark, fsutil.join(parent, entry))
+
+
+def _table_summary(words: DataFrame, base: BaseVocab) -> tuple[int, int, str]:
+    """(corpus tokens, distinct-word symbols, content digest of the word table), one job."""
+    word_len = F.length("word")  # bytes
+    if base.alphabet == "chars":
+        word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
+    row = words.select(F.sum(word_len * F.col("count")), F.sum(word_len),
+                       F.bit_xor(F.xxhash64("word", "count", "first_seen")),
+                       F.count(F.lit(1))).first()
+    digest = f"{(int(row[2] or 0)) & (2**64 - 1):016x}-{int(row[3])}"
+    return int(row[0] or 0), int(row[1] or 0), digest
+
+
 def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:
     path = fsutil.join(run_dir, "run.json")
     if not fsutil.exists(spark, path):
@@ -176,7 +198,9 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
             f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: the base vocabulary "
             f"has {base.size} symbols and there are {len(cfg.special_tokens)} special tokens"
         )
-    fp = fingerprint(cfg, wt.meta, base.size)
+    total_tokens, symbols, digest = _table_summary(words, base)
+    settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
+    fp = fingerprint_of(settings)
     done = _run_summary(cfg.output, spark)
     if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
             and cfg.resume != "never"):
@@ -184,8 +208,9 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
                  cfg.output, done.get("merges"))
         return RunResult(cfg.output, [], done.get("stats", {}), already_done=True)
 
-    ckpt = Checkpointer(spark, cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints"),
-                        fp, base.size)
+    ckpt_dir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
+    ckpt = Checkpointer(spark, ckpt_dir, fp, base.size, settings)
+    ckpt.clean_temp()
     prior: list[Merge] = []
     prior_removed: list[int] = []
     if cfg.resume == "never":
@@ -194,16 +219,14 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
         loaded = ckpt.load()
         if loaded:
             prior, prior_removed = loaded
-    word_len = F.length("word")  # bytes
-    if base.alphabet == "chars":
-        word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
-    sizes = words.select(F.sum(word_len * F.col("count")), F.sum(word_len)).first()
-    total_tokens, symbols = int(sizes[0] or 0), int(sizes[1] or 0)
     engine = cfg.engine
     if engine == "auto":
         engine = "local" if symbols <= cfg.local_threshold_tokens else "spark"
     log.info("training %d merges (%d from checkpoint) on %d words / %d symbols, engine %s",
              target, min(len(prior), target), wt.meta.get("unique_words", -1), symbols, engine)
+    if len(prior) >= target:
+        log.info("the checkpoint already holds %d merges: serving the first %d without "
+                 "training", len(prior), target)
 
     progress = Progress(target, cfg.progress_bar)
     merges: list[Merge] = list(prior[:target])
@@ -229,7 +252,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
         if engine == "spark":
             blocks = SparkBlocks(spark, words, cfg.num_partitions, *_char_ids(base),
                                  lineage_every_rounds=cfg.lineage_every_rounds,
-                                 reliable_checkpoints=bool(cfg.checkpoint_dir),
+                                 rdd_checkpoint_dir=fsutil.join(ckpt_dir, "rdd"),
                                  replay=[(m.left, m.right, m.new_id) for m in merges])
             stats_t = time.time()
 

@@ -1,0 +1,238 @@
+"""Long runs survive: checkpoints, resume, a killed driver, a lost executor, exit codes.
+
+Real processes throughout: ``spark-submit jobs/train.py`` is killed with SIGKILL (its whole
+process group: JVM, Python driver and workers, as when its machine or container dies) at
+chosen points, found by watching its log and its checkpoint files; then the same command is
+run again. Every final ``merges.txt`` is compared with an uninterrupted run in local mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.bpe import Merge
+from pipeline.checkpoint import Checkpointer, fingerprint_of, parse, render
+from pipeline.config import ConfigError
+
+from .sparkjobs import (
+    ProcGroup,
+    checkpoints,
+    merges_txt,
+    newest_checkpoint,
+    process_groups,
+    reference_run,
+    shared_corpus,
+    stats,
+    submit,
+)
+
+VOCAB = 257 + 200  # 256 bytes + <|endoftext|> + 200 merges
+RESUMED = re.compile(r"resuming from checkpoint \S+ \((\d+) merges\)")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return shared_corpus(tmp_path_factory)
+
+
+procs = pytest.fixture(name="procs")(process_groups)  # SIGKILLs what a test started
+
+
+def resumed_from(log: str) -> int | None:
+    m = RESUMED.search(log)
+    return int(m.group(1)) if m else None
+
+
+# -- the checkpoint file itself (no Spark) --------------------------------------------------------
+
+def _merges(n: int) -> list[Merge]:
+    return [Merge(97 + i % 5, 98, 256 + i, 100 - i) for i in range(n)]
+
+
+def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, caplog):
+    settings = {"min_pair_count": 2, "word_table": {"digest": "abc"}}
+    fp = fingerprint_of(settings)
+    ck = Checkpointer(None, str(tmp_path), fp, 256, settings)
+    for n in (10, 20, 30, 40):
+        ck.save(_merges(n), list(range(n)))
+    assert checkpoints(tmp_path) == [20, 30, 40]  # the last three are kept
+    text = (tmp_path / "merges-000000040.txt").read_text()
+    assert text.startswith("#spark-bpe merges checkpoint v1\n#fingerprint ")
+    assert text.splitlines()[-1].startswith("#sha256 ")
+    assert parse(text, 256) == (fp, _merges(40), list(range(40)))
+    assert render(_merges(40), list(range(40)), fp, settings) == text
+    assert not list(tmp_path.glob(".tmp-*"))  # written beside, then renamed
+
+    # a torn newest file and a bit flip in the next: both detected, the third is used
+    (tmp_path / "merges-000000040.txt").write_text(text[: len(text) // 2])
+    p30 = tmp_path / "merges-000000030.txt"
+    p30.write_text(p30.read_text().replace("\n97 98 ", "\n97 99 ", 1))
+    caplog.set_level(logging.WARNING, logger="pipeline.checkpoint")
+    loaded = Checkpointer(None, str(tmp_path), fp, 256, settings).load()
+    assert loaded == (_merges(20), list(range(20)))
+    assert "merges-000000040.txt is corrupt (truncated" in caplog.text
+    assert "merges-000000030.txt is corrupt (checksum mismatch)" in caplog.text
+
+
+def test_a_foreign_checkpoint_is_refused_with_the_reason(tmp_path):
+    ours = {"min_pair_count": 2, "word_table": {"digest": "abc"}, "alphabet": "bytes"}
+    theirs = {**ours, "min_pair_count": 5, "word_table": {"digest": "def"}}
+    Checkpointer(None, str(tmp_path), fingerprint_of(theirs), 256, theirs).save(
+        _merges(3), [1, 1, 1])
+    with pytest.raises(ConfigError) as err:
+        Checkpointer(None, str(tmp_path), fingerprint_of(ours), 256, ours).load()
+    msg = str(err.value)
+    assert "min_pair_count (checkpoint 5, this run 2)" in msg
+    assert "the word table" in msg and "--resume never" in msg
+
+
+# -- real jobs ----------------------------------------------------------------------------------
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_driver_killed_while_counting_early_and_late_then_resumed(spark, corpus, tmp_path,
+                                                                  procs):
+    ref = reference_run(spark, corpus, VOCAB)
+    run, wanted = tmp_path / "run", VOCAB - 257
+    ckdir = run / "checkpoints"
+    args = ["--input", str(corpus), "--output", str(run), "--vocab-size", str(VOCAB),
+            "--engine", "spark", "--checkpoint-every-merges", "20"]
+
+    # 1. during the word count
+    p = submit(args, tmp_path, "1-counting")
+    procs.append(p)
+    p.wait_until(lambda: "counting the words of" in p.log(), 120, "the word count")
+    time.sleep(1.0)
+    assert "word table:" not in p.log(), "the count finished before the kill"
+    p.kill()
+    assert not (run / "words" / "word_table.json").exists() and not ckdir.exists()
+
+    # 2. early merges (recounts, then trains)
+    p = submit(args, tmp_path, "2-early")
+    procs.append(p)
+    p.wait_until(lambda: newest_checkpoint(ckdir) >= 40, 180, "an early checkpoint")
+    p.kill()
+    early = newest_checkpoint(ckdir)
+    assert early < wanted // 2 and resumed_from(p.log()) is None
+
+    # 3. late merges (resumes from the early checkpoint)
+    p = submit(args, tmp_path, "3-late")
+    procs.append(p)
+    p.wait_until(lambda: newest_checkpoint(ckdir) >= wanted * 0.75, 180, "a late checkpoint")
+    p.kill()
+    assert resumed_from(p.log()) == early
+    assert "reusing the word table" in p.log()
+    assert not (run / "run.json").exists()
+
+    # a torn newest checkpoint (what the temp + rename protects against) must be skipped
+    kept = checkpoints(ckdir)
+    assert kept[-1] < wanted
+    newest = ckdir / f"merges-{kept[-1]:09d}.txt"
+    newest.write_text(newest.read_text()[:200])
+
+    # 4. resume to the end
+    p = submit(args, tmp_path, "4-finish")
+    procs.append(p)
+    assert p.wait(300) == 0, p.tail()
+    assert "is corrupt" in p.log() and resumed_from(p.log()) == kept[-2]
+    assert stats(run)["resumed_from_merge"] == kept[-2] > early  # written by the 3rd run
+    assert merges_txt(run) == merges_txt(ref)
+    assert p.last_line() == f"trained {wanted} merges: tokenizer written to {run}"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops(spark, corpus, tmp_path,
+                                                                procs):
+    words = reference_run(spark, corpus, VOCAB).parent / "reference-words"
+    run = tmp_path / "run"
+
+    def job(vocab: int, name: str, *extra: str) -> ProcGroup:
+        p = submit(["--words", str(words), "--output", str(run), "--vocab-size", str(vocab),
+                    "--engine", "spark", "--checkpoint-every-merges", "50", *extra],
+                   tmp_path, name)
+        procs.append(p)
+        p.wait(240)
+        return p
+
+    small, mid, big = 257 + 60, 257 + 120, 257 + 200
+    # a finished run (made in local mode with the library; it has its checkpoints)
+    shutil.copytree(reference_run(spark, corpus, mid), run)
+    assert newest_checkpoint(run / "checkpoints") == 120
+
+    # the same command again: a no-op that says where the output is
+    before = (run / "run.json").stat().st_mtime_ns
+    p = job(mid, "again")
+    assert p.proc.returncode == 0, p.tail()
+    assert p.last_line() == f"already complete, nothing to do: tokenizer in {run}"
+    assert (run / "run.json").stat().st_mtime_ns == before
+
+    # bigger: continues the same run from its checkpoint
+    p = job(big, "bigger")
+    assert p.proc.returncode == 0, p.tail()
+    assert resumed_from(p.log()) == 120 and stats(run)["resumed_from_merge"] == 120
+    assert stats(run)["stage_seconds"]["count_words"] == 0  # the word table is reused
+    assert merges_txt(run) == merges_txt(reference_run(spark, corpus, big))
+
+    # smaller: the checkpoint's prefix, no training
+    p = job(small, "smaller")
+    assert p.proc.returncode == 0, p.tail()
+    assert "serving the first 60 without training" in p.log()
+    assert stats(run)["spark_rounds"] == 0 and stats(run)["resumed_from_merge"] == 60
+    assert merges_txt(run) == merges_txt(reference_run(spark, corpus, small))
+    assert newest_checkpoint(run / "checkpoints") == 200  # not overwritten by the prefix
+
+    # another config: refused, one line saying why and how to start fresh
+    p = job(big, "foreign", "--min-pair-count", "40")
+    assert p.proc.returncode == 2
+    last = p.last_line()
+    assert last.startswith("error: checkpoint ") and "min_pair_count (checkpoint 2, this run 40)"\
+        in last and "--resume never" in last
+    assert merges_txt(run) == merges_txt(reference_run(spark, corpus, small))  # untouched
+
+
+@pytest.mark.spark
+def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path, procs):
+    words = tmp_path / "words"
+    shutil.copytree(reference_run(spark, corpus, VOCAB).parent / "reference-words", words)
+    for f in (words / "data").glob("*.parquet"):
+        f.write_bytes(b"PAR1 this is not parquet PAR1")
+    p = submit(["--words", str(words), "--output", str(tmp_path / "run"),
+                "--vocab-size", "300"], tmp_path, "broken")
+    procs.append(p)
+    assert p.wait(180) == 1
+    last = p.last_line()
+    assert re.match(r"error: train failed: \w+: .+ \(traceback above\)$", last), last
+    assert "Traceback" in p.out()  # the details are in the log
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_path, procs):
+    vocab = 257 + 120
+    ref = reference_run(spark, corpus, vocab)
+    run = tmp_path / "run"
+    p = submit(["--words", str(ref.parent / "reference-words"), "--output", str(run),
+                "--vocab-size", str(vocab), "--engine", "spark", "--num-partitions", "4",
+                "--lineage-every-rounds", "3", "--checkpoint-every-merges", "10"],
+               tmp_path, "local-cluster", master="local-cluster[2,1,1024]",
+               conf={"spark.executor.memory": "768m"})
+    procs.append(p)
+    p.wait_until(lambda: newest_checkpoint(run / "checkpoints") >= 40, 240, "merge rounds")
+    executors = [pid for pid, cmd in p.members() if "CoarseGrainedExecutorBackend" in cmd]
+    assert len(executors) == 2, p.members()
+    os.kill(executors[0], signal.SIGKILL)
+    killed_at = newest_checkpoint(run / "checkpoints")
+    assert p.wait(300) == 0, p.tail()
+    assert killed_at < vocab - 257 - 20, "the run was nearly over when the executor died"
+    assert re.search(r"Lost executor \d+ on 127\.0\.0\.1", p.log())
+    assert merges_txt(run) == merges_txt(ref)
