@@ -111,15 +111,24 @@ class SparkBlocks:
             parts, "first_seen").mapInArrow(
             build, "pid int, blob binary"
         )
-        state = packed.rdd.map(lambda r: (r["pid"], _unpack(r["blob"])))
+        raw = packed.rdd.map(lambda r: (r["pid"], _unpack(r["blob"]))).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        sizes = dict(raw.map(lambda r: (r[0], len(r[1].lengths))).collect())
+        # first_seen is any order-preserving int64 (e.g. packed file/row/rank); blocks use the
+        # dense rank instead, so a position (first_seen << POS_BITS | offset) fits in 64 bits
+        self._parts, self._starts, offsets, acc = [], [], {}, 0
+        for p in sorted(sizes):  # range partitions: ids ascend with first_seen
+            offsets[p] = acc
+            self._parts.append(p)
+            self._starts.append(acc)
+            acc += sizes[p]
+        off_bc = self.sc.broadcast(offsets)
+        state = raw.map(lambda r: (r[0], r[1].renumbered(off_bc.value[r[0]])))
         if replay:  # resume: replay the checkpointed merges in one pass
             replay_bc = self.sc.broadcast(replay)
             state = state.map(lambda r: (r[0], replay_block(r[1], replay_bc.value)))
         self.state = state.persist(StorageLevel.MEMORY_AND_DISK)
-        meta = sorted((s, p) for p, s in self.state.map(
-            lambda x: (x[0], int(x[1].first_seen[0]))).collect())
-        self._parts = [p for _, p in meta]
-        self._starts = [s for s, _ in meta]
+        self._raw = raw  # dropped once the state is materialized (initial_counts)
         self._previous: list = []
         self._round_bcs: list = []  # broadcasts of the rounds since the last lineage cut
 
@@ -140,6 +149,7 @@ class SparkBlocks:
             return (x[0] + y[0], *min(x[1:], y[1:]))
 
         rows = self.state.flatMap(pairs_of).reduceByKey(combine).collect()
+        self._raw.unpersist(blocking=False)
         sizes = [v for k, v in rows if k < 0]
         rows = sorted((k, v) for k, v in rows if k >= 0)
         keys = np.array([k for k, _ in rows], dtype=np.int64)
