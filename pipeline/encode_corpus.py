@@ -50,6 +50,9 @@ ENCODE_ENGINES = ("auto", "tiktoken", "reference")
 STATS_FILE = "_encode.json"
 AUTO_KEYS = ("file", "row")
 IDS_TYPE = pa.list_(pa.int32())
+# ids compress ~15% smaller with zstd than with Spark's default snappy, at the same CPU
+OUTPUT_COMPRESSION = "zstd"
+REPARTITION_MIN_BYTES = 2 << 20  # below this (on disk) a shuffle costs more than it saves
 _ROW_ERROR = "spark-bpe encode error: "  # marks our own executor errors inside Spark's message
 STAT_KEYS = ("rows", "null_rows", "invalid_utf8_rows", "bytes", "words", "tokens",
              "special_tokens", "python_seconds", "reference_fallback")
@@ -320,6 +323,15 @@ def summarize(parts: dict[int, dict], seconds: float) -> dict:
     }
 
 
+def _scan_bytes(df) -> int | None:
+    """Spark's size estimate of a file scan (the files' bytes on disk), if it has one."""
+    try:
+        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
+        return int(size if isinstance(size, int) else size.toString())
+    except Exception:  # noqa: BLE001 - only an optimisation hint
+        return None
+
+
 def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
     """Encode ``cfg.input`` with the run at ``cfg.tokenizer`` into ``cfg.output``."""
     t0 = time.time()
@@ -346,9 +358,10 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
                           "choose another name (--ids-column NAME)")
     if cfg.num_partitions:
         src = src.repartition(cfg.num_partitions)
-    else:  # a lone small file can be one partition: give every core some of it
+    else:  # one file with one row group is one partition: share it out, unless it is tiny
         cores = spark.sparkContext.defaultParallelism
-        if src.rdd.getNumPartitions() < cores:
+        if (src.rdd.getNumPartitions() < cores
+                and (_scan_bytes(df) or 0) >= REPARTITION_MIN_BYTES):
             src = src.repartition(cores)
     out_struct = T.StructType([src.schema[k] for k in keys] + [
         T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
@@ -364,7 +377,7 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
              plan.engine, len(plan.meta["merges"]), cfg.output)
     t_enc = time.time()
     try:
-        encoded.write.parquet(tmp)
+        encoded.write.option("compression", OUTPUT_COMPRESSION).parquet(tmp)
     except Exception as exc:
         fsutil.delete(spark, tmp)
         msg = _row_error(exc)

@@ -40,6 +40,7 @@ EXAMPLES = 6
 EXAMPLE_CHARS = 240
 CURVE_POINTS = 300
 LONG_TOKEN = 16  # histogram: this many bytes and more share one bar
+SAMPLE_FILES = 8  # the report's sample is read from at most this many input files
 
 
 @dataclass
@@ -444,18 +445,25 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
 # -- the Spark-facing entry point ----------------------------------------------------------------
 
 def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
-    """Up to ``report_sample_rows`` rows: from ``report_sample`` (held out) or the input."""
+    """Up to ``report_sample_rows`` rows: from ``report_sample`` (held out) or the input;
+    the first rows of up to ``SAMPLE_FILES`` files spread over it, so the cost is bounded."""
     from pyspark.sql import functions as F
 
     path = cfg.report_sample or cfg.input
     if not path or cfg.report_sample_rows <= 0:
         return [], "", False
-    df = spark.read.parquet(path).select(F.col(cfg.text_column))
-    total = df.count()
+    # a bounded read whatever the corpus size: the first rows of up to SAMPLE_FILES files
+    # spread over the input (in path order)
+    files = sorted(spark.read.parquet(path).inputFiles())
+    picked = files[:: max(1, len(files) // SAMPLE_FILES)][:SAMPLE_FILES]
     n = cfg.report_sample_rows
-    if total > n:
-        df = df.sample(fraction=min(1.0, 2.0 * n / total), seed=17)
-    rows = [r[0] for r in df.limit(n).collect()]
+    per_file = -(-n // max(len(picked), 1))
+    rows: list = []
+    for f in picked:
+        df = spark.read.parquet(f).select(F.col(cfg.text_column))
+        rows += [r[0] for r in df.limit(min(per_file, n - len(rows))).collect()]
+        if len(rows) >= n:
+            break
     if cfg.report_sample:
         label = f"{len(rows)} rows held out in {cfg.report_sample}"
     else:

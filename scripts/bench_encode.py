@@ -12,7 +12,10 @@
 4. the job again on the first 50 rows: the stage's fixed cost (Python workers starting,
    JIT, output commit), so the marginal rate (tokens / (stage - fixed)) shows what the job
    does at scale;
-5. the baseline again, so a noisy machine shows as two different baseline figures.
+5. the baseline again, so a noisy machine shows as two different baseline figures;
+6. CPU seconds (user + system) of the baseline and of the job's whole process tree (driver,
+   JVM, Python workers; polled from /proc): on a shared machine the fairest measure of what
+   the plumbing costs. The job's marginal CPU is its CPU minus the 50-row job's.
 
 Prints a table and the ratios (target: stage tokens/s >= 0.5 x the baseline x cores) and writes
 ``bench_encode.json`` into ``--out-dir``. Token totals of the job and the baseline must agree.
@@ -32,21 +35,60 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+CPU = {}  # what -> CPU seconds (user + system): robust to other load on a shared machine
+
+
 def baseline(run_dir: str, texts: list[str], threads: int) -> tuple[float, int]:
     from pipeline.outputs import load_tiktoken
 
     enc = load_tiktoken(run_dir, ignore_normalization=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = enc.encode_ordinary_batch(texts, num_threads=threads)
     sec = time.perf_counter() - t0
+    CPU.setdefault(f"tiktoken_{threads}", []).append(time.process_time() - c0)
     return sec, sum(map(len, out))
 
 
-def run(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds incl. waited-for children), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ut, st, cut, cst = (int(x) for x in fields[11:15])
+        out[int(name)] = (int(fields[1]), (ut + st + cut + cst) / tick)
+    return out
+
+
+def run(cmd: list[str], what: str = "") -> tuple[float, subprocess.CompletedProcess]:
+    """Run a job in a fresh process. Its CPU (the driver, the JVM, the Python workers) is
+    polled from /proc every 0.1 s and recorded under ``what``."""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO)
+    seen: dict[int, float] = {}
+    while proc.poll() is None:
+        table = _proc_table()
+        tree = {proc.pid}
+        for pid, (ppid, _) in sorted(table.items()):  # parents start before their children
+            if ppid in tree:
+                tree.add(pid)
+        for pid in tree:
+            if pid in table:
+                seen[pid] = max(seen.get(pid, 0.0), table[pid][1])
+        time.sleep(0.1)
+    stdout, stderr = proc.communicate()
     sec = time.perf_counter() - t0
+    if what:
+        CPU[what] = sum(seen.values())
+    res = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
     return sec, res
@@ -84,7 +126,7 @@ def main() -> int:
     bn, _ = baseline(run_dir, texts, args.cores)
     wall, res = run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", args.input,
                      "--output", str(out / "encoded"), "--master", args.master,
-                     "--text-column", args.text_column])
+                     "--text-column", args.text_column], "job")
     st = json.loads((out / "encoded" / "_encode.json").read_text())["stats"]
     import pyarrow.parquet as pq
 
@@ -92,7 +134,7 @@ def main() -> int:
     pq.write_table(table.slice(0, 50), out / "tiny" / "part-0.parquet")
     run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", str(out / "tiny"),
          "--output", str(out / "encoded-tiny"), "--master", args.master,
-         "--text-column", args.text_column])
+         "--text-column", args.text_column], "job_tiny")
     tiny = json.loads((out / "encoded-tiny" / "_encode.json").read_text())["stats"]
     marginal = (tokens - tiny["tokens"]) / max(st["seconds"] - tiny["seconds"], 1e-9)
     b2, _ = baseline(run_dir, texts, 1)
@@ -122,13 +164,18 @@ def main() -> int:
           f"{ratio_marginal:.2f}, wall {ratio_wall:.2f}   (target >= 0.5)")
     print(f"python encode seconds (sum over tasks): {st['python_encode_seconds']}, "
           f"partitions {st['partitions']}")
+    tk_cpu = min(CPU["tiktoken_1"])
+    job_cpu = CPU["job"] - CPU["job_tiny"] * (1 - tiny["tokens"] / tokens)
+    print(f"CPU seconds: tiktoken {tk_cpu:.2f}; job {CPU['job']:.2f} (JVM start included), "
+          f"job on 50 rows {CPU['job_tiny']:.2f}, job marginal {job_cpu:.2f}; "
+          f"ratio tiktoken / job marginal {tk_cpu / job_cpu:.2f}")
     (out / "bench_encode.json").write_text(json.dumps({
         "input": args.input, "run": run_dir, "rows": len(texts), "bytes": n_bytes,
         "tokens": tokens, "tiktoken_1_thread_seconds": [b1, b2],
         "tiktoken_n_threads_seconds": bn, "job_stage_seconds": st["seconds"],
         "job_wall_seconds": wall, "job_fixed_stage_seconds": tiny["seconds"],
         "ratio_stage": ratio_stage, "ratio_marginal": ratio_marginal, "ratio_wall": ratio_wall,
-        "job_stats": st, "load_average": os.getloadavg(),
+        "job_stats": st, "load_average": os.getloadavg(), "cpu_seconds": CPU,
     }, indent=2))
     return 0
 

@@ -18,7 +18,7 @@ from pipeline.encoder import Tokenizer
 from pipeline.train import train
 
 from .conftest import EN_DOCS, MULTILINGUAL, REPO
-from .test_exports import EOT, corpus_rows
+from .test_exports import EOT, corpus_rows, train_in_memory
 
 pytestmark = pytest.mark.spark
 
@@ -131,6 +131,23 @@ def test_binary_text_column_keeps_invalid_utf8_exact(spark, run_dir, tmp_path):
     ref = Tokenizer.load(str(run_dir))
     assert [ref.decode_bytes(ids) for ids in table.column("tokens").to_pylist()] == rows
     assert res.stats["stats"]["invalid_utf8_rows"] == 1
+
+
+def test_chars_alphabet_run_encodes_with_the_reference(spark, tmp_path):
+    texts = ["the café baker bakes cakes, the café bakes soufflé"] * 3
+    train_in_memory(texts, tmp_path / "run", r" ?\w+|[^\w\s]", 40, (), alphabet="chars")
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["the baker bakes", "cakes"]}), tmp_path / "in" / "a.parquet")
+    base = dict(input=str(tmp_path / "in"), tokenizer=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="alphabet = 'chars'"):
+        encode_corpus(spark, Config(**base, output=str(tmp_path / "o1"),
+                                    encode_engine="tiktoken"))
+    res = encode_corpus(spark, Config(**base, output=str(tmp_path / "o2")))
+    assert res.stats["stats"]["engine"] == "reference"
+    ref = Tokenizer.load(str(tmp_path / "run"))
+    ids = read_output(tmp_path / "o2").sort_by("row").column("ids").to_pylist()
+    assert ids == [ref.encode("the baker bakes"), ref.encode("cakes")]
+    assert ref.decode(ids[0]) == "the baker bakes"
 
 
 def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
