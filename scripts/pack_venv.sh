@@ -29,8 +29,12 @@ done
 "$PY" -m venv "$BUILD/venv"
 "$BUILD/venv/bin/python" -m pip install -q --upgrade pip
 "$BUILD/venv/bin/python" -m pip install -q venv-pack "${pins[@]}"
-# the package itself, not editable and without its pyspark dependency
-"$BUILD/venv/bin/python" -m pip install -q --no-deps .
+# the package itself, not editable and without its pyspark dependency; built from a copy so
+# that no build/ directory is left in the checkout
+mkdir -p "$BUILD/src"
+cp -r pyproject.toml README.md pipeline "$BUILD/src/"
+find "$BUILD/src" -name __pycache__ -prune -exec rm -rf {} +
+"$BUILD/venv/bin/python" -m pip install -q --no-deps "$BUILD/src"
 "$BUILD/venv/bin/python" -c "import numpy, pyarrow, pandas, regex, pipeline.bpe"
 mkdir -p "$(dirname "$OUT")"
 "$BUILD/venv/bin/venv-pack" -q -p "$BUILD/venv" -o "$OUT.tmp" --format tar.gz --force

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,6 +140,14 @@ def process_groups() -> Iterator[list[ProcGroup]]:
     yield started
     for p in started:
         p.kill()
+
+
+def remove_app_dirs(p: ProcGroup) -> None:
+    """local-cluster workers always work in SPARK_HOME/work: remove this job's app dirs."""
+    for app in set(re.findall(r"\bapp-\d{14}-\d{4}\b", p.err())):
+        shutil.rmtree(SPARK_HOME / "work" / app, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only if empty (another job may be using it)
+        (SPARK_HOME / "work").rmdir()
 
 
 def submit(args: list[str], log_dir: Path, name: str, master: str = "local[2]",

@@ -29,6 +29,7 @@ from .sparkjobs import (
     newest_checkpoint,
     process_groups,
     reference_run,
+    remove_app_dirs,
     shared_corpus,
     stats,
     submit,
@@ -217,7 +218,8 @@ def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_path, procs):
+def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_path, procs,
+                                                            request):
     vocab = 257 + 120
     ref = reference_run(spark, corpus, vocab)
     run = tmp_path / "run"
@@ -227,6 +229,7 @@ def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_p
                tmp_path, "local-cluster", master="local-cluster[2,1,1024]",
                conf={"spark.executor.memory": "768m"})
     procs.append(p)
+    request.addfinalizer(lambda: remove_app_dirs(p))
     p.wait_until(lambda: newest_checkpoint(run / "checkpoints") >= 40, 240, "merge rounds")
     executors = [pid for pid, cmd in p.members() if "CoarseGrainedExecutorBackend" in cmd]
     assert len(executors) == 2, p.members()
