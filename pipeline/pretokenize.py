@@ -72,10 +72,12 @@ class PretokenizerSpec:
 class Pretokenizer:
     spec: PretokenizerSpec
     _split: regex.Pattern[str] | None = field(init=False, repr=False)
+    _whole_matches: bool = field(init=False, repr=False)
     _specials: regex.Pattern[str] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._split = compile_pattern(self.spec.pattern)
+        self._whole_matches = self._split is None or self._split.groups == 0
         specials = sorted(set(self.spec.special_tokens), key=len, reverse=True)
         self._specials = (
             regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
@@ -104,8 +106,10 @@ class Pretokenizer:
         for chunk in self.chunks(text):
             if self._split is None:
                 out.append(chunk)
-            else:
+            elif self._whole_matches:
                 out.extend(self._split.findall(chunk))
+            else:  # findall would return groups: a word is always the whole match
+                out.extend(m.group() for m in self._split.finditer(chunk))
         return out
 
 

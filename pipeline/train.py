@@ -29,6 +29,7 @@ from pipeline.config import Config, ConfigError
 from pipeline.fast_bpe import LocalTrainer
 from pipeline.merge_rounds import RoundStats, run_rounds
 from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
+from pipeline.report import write_report
 from pipeline.spark_merge import SparkBlocks, symbols_of
 from pipeline.word_count import WordTable, count_words, open_word_table
 
@@ -302,6 +303,9 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
                            cfg.normalization)
     notes = write_exports(cfg.output, tok, spark)
     write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
+    t_report = time.time()
+    write_report(spark, cfg, tok, tokens_left, words, total_tokens)
+    stages["report"] = round(time.time() - t_report, 3)
     mpr = round_stats.merges_per_round
     stats = {
         "engine": engine,

@@ -61,3 +61,8 @@ def test_none_pattern_and_normalization():
     assert pre.words("ＡＢＣ def") == ["abc def"]
     assert Pretokenizer(PretokenizerSpec("cl100k")).words("I'm 12345 ok\n\n") == [
         "I", "'m", " ", "123", "45", " ok", "\n\n"]
+
+
+def test_a_word_is_the_whole_match_even_with_groups():
+    pre = Pretokenizer(PretokenizerSpec(r"(\w)\w*|\s"))
+    assert pre.words("hello big world") == ["hello", " ", "big", " ", "world"]
