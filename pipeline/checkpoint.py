@@ -9,7 +9,7 @@ by the checksum, reported, and the previous good one is used. The last ``KEEP`` 
 
 Example::
 
-    #spark-bpe merges checkpoint v1
+    #spark-bpe merges checkpoint v2
     #fingerprint 3f005c28c8ec580d8d3fbe7b4c51e074
     #settings {"alphabet": "bytes", ...}
     #merges 2
@@ -34,7 +34,8 @@ from pipeline.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # v2: fingerprint covers the word table's content; a #settings line
+READABLE = (1, 2)  # v1 files are read only to explain why they do not match
 HEADER = "#spark-bpe merges checkpoint"
 _NAME = re.compile(r"merges-(\d{9})\.txt$")
 KEEP = 3
@@ -67,7 +68,8 @@ def fingerprint_of(settings: dict) -> str:
 def explain_difference(theirs: dict | None, ours: dict) -> str:
     """Which fingerprinted settings differ, in words (for the refusal message)."""
     if not theirs:
-        return "the checkpoint does not record its settings"
+        return ("it was written by an older spark-bpe, whose fingerprint does not record its "
+                "settings")
     diffs = []
     for key in sorted(set(theirs) | set(ours)):
         a, b = theirs.get(key), ours.get(key)
@@ -104,7 +106,7 @@ def parse_full(text: str, base_size: int
     body = "\n".join(lines[:-1]) + "\n"
     if hashlib.sha256(body.encode()).hexdigest() != lines[-1].split(" ", 1)[1].strip():
         raise ValueError("checksum mismatch")
-    if lines[0] != f"{HEADER} v{VERSION}":
+    if lines[0] not in {f"{HEADER} v{v}" for v in READABLE}:
         raise ValueError(f"unknown format {lines[0]!r}")
     head: dict[str, str] = {}
     i = 1

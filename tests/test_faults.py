@@ -8,6 +8,7 @@ run again. Every final ``merges.txt`` is compared with an uninterrupted run in l
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -66,7 +67,7 @@ def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, c
         ck.save(_merges(n), list(range(n)))
     assert checkpoints(tmp_path) == [20, 30, 40]  # the last three are kept
     text = (tmp_path / "merges-000000040.txt").read_text()
-    assert text.startswith("#spark-bpe merges checkpoint v1\n#fingerprint ")
+    assert text.startswith("#spark-bpe merges checkpoint v2\n#fingerprint ")
     assert text.splitlines()[-1].startswith("#sha256 ")
     assert parse(text, 256) == (fp, _merges(40), list(range(40)))
     assert render(_merges(40), list(range(40)), fp, settings) == text
@@ -93,6 +94,13 @@ def test_a_foreign_checkpoint_is_refused_with_the_reason(tmp_path):
     msg = str(err.value)
     assert "min_pair_count (checkpoint 5, this run 2)" in msg
     assert "the word table" in msg and "--resume never" in msg
+
+    # a checkpoint of the first format (other fingerprint, no settings line): refused too
+    body = "#spark-bpe merges checkpoint v1\n#fingerprint 0123\n#merges 1\n97 98 5 5\n"
+    (tmp_path / "merges-000000009.txt").write_text(
+        body + f"#sha256 {hashlib.sha256(body.encode()).hexdigest()}\n")
+    with pytest.raises(ConfigError, match="older spark-bpe.*--resume never"):
+        Checkpointer(None, str(tmp_path), fingerprint_of(ours), 256, ours).load()
 
 
 # -- real jobs ----------------------------------------------------------------------------------
