@@ -18,7 +18,7 @@ BUILD="$(mktemp -d)"
 trap 'rm -rf "$BUILD"' EXIT
 
 pins=()
-for pkg in numpy pyarrow pandas regex; do
+for pkg in numpy pyarrow pandas regex tiktoken; do  # tiktoken: the fast path of jobs/encode.py
   if [ -x .venv/bin/python ] && v="$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$pkg'))" 2>/dev/null)"; then
     pins+=("$pkg==$v")
   else
