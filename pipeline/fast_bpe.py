@@ -22,6 +22,7 @@ import numpy as np
 from pipeline.bpe import Merge
 
 SHIFT = np.int64(32)
+SMALL = 12  # pairs with at most this many stored positions are merged in plain Python
 
 
 def pair_key(a: int, b: int) -> int:
@@ -62,8 +63,8 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
 class PairDeltas:
     """What one merge took from pre-existing pairs (new pairs are registered separately)."""
 
-    removed_keys: np.ndarray  # pairs that lost occurrences
-    removed_counts: np.ndarray  # how much they lost (int64, > 0)
+    removed_keys: list[int]  # pairs that lost occurrences
+    removed_counts: list[int]  # how much they lost (> 0)
     tokens_removed: int
 
 
@@ -85,8 +86,7 @@ class FlatMergeState:
         self.prv[starts] = -1
         self.w = np.repeat(np.asarray(counts, dtype=np.int64), lengths)
         self.word_start = starts
-        self.occ: dict[int, np.ndarray] = {}
-        self.ptr: dict[int, int] = {}
+        self.occ: dict[int, list] = {}  # pair -> [sorted positions, read pointer, end]
         self.total_tokens = int(self.w.sum())
 
     # -- pair store -------------------------------------------------------------------------
@@ -95,22 +95,19 @@ class FlatMergeState:
 
     def initial_counts(self) -> dict[int, tuple[int, int]]:
         """Register every pair of the initial layout; returns key -> (count, first position)."""
-        pos = np.flatnonzero(self.nxt >= 0)
-        return self._register(pos)
+        keys, sums, firsts = self._register(np.flatnonzero(self.nxt >= 0))
+        return {k: (c, f) for k, c, f in zip(keys, sums, firsts)}
 
-    def _register(self, pos: np.ndarray) -> dict[int, tuple[int, int]]:
-        """Store sorted positions ``pos`` of new pairs; returns key -> (count, first position)."""
+    def _register(self, pos: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """Store sorted positions ``pos`` of new pairs: (keys, counts, first positions)."""
         uniq, sums, order, starts = group_sum(self._keys_at(pos), self.w[pos])
         spos = pos[order]
-        out = {}
-        occ, ptr = self.occ, self.ptr
-        b = starts.tolist() + [len(pos)]
-        firsts = spos[starts].tolist()
-        for i, (k, s) in enumerate(zip(uniq.tolist(), sums.tolist())):
-            occ[k] = spos[b[i] : b[i + 1]]
-            ptr[k] = 0
-            out[k] = (s, firsts[i])
-        return out
+        keys = uniq.tolist()
+        b = starts.tolist()
+        b.append(len(pos))
+        # occurrences of pair k: spos[lo:hi], lo advancing past stale entries
+        self.occ.update({k: [spos, lo, hi] for k, lo, hi in zip(keys, b, b[1:])})
+        return keys, sums.tolist(), spos[starts].tolist()
 
     def is_live(self, p: int, a: int, b: int) -> bool:
         if self.tok[p] != a:
@@ -121,16 +118,16 @@ class FlatMergeState:
     def first_live(self, key: int) -> int:
         """Smallest live position of a pair (advancing its read pointer past stale entries)."""
         a, b = split_key(key)
-        arr = self.occ[key]
-        i = self.ptr[key]
-        if i < len(arr) and self.is_live(int(arr[i]), a, b):
+        entry = self.occ[key]
+        arr, i, hi = entry
+        if i < hi and self.is_live(int(arr[i]), a, b):
             return int(arr[i])
-        rest = arr[i:]
+        rest = arr[i:hi]
         live = np.flatnonzero(self._live_mask(rest, a, b))
         if len(live) == 0:
-            self.ptr[key] = len(arr)
+            entry[1] = hi
             return -1
-        self.ptr[key] = i + int(live[0])
+        entry[1] = i + int(live[0])
         return int(rest[live[0]])
 
     def _live_mask(self, pos: np.ndarray, a: int, b: int) -> np.ndarray:
@@ -139,19 +136,25 @@ class FlatMergeState:
 
     def live_positions(self, key: int) -> np.ndarray:
         a, b = split_key(key)
-        arr = self.occ.get(key)
-        if arr is None:
+        entry = self.occ.get(key)
+        if entry is None:
             return np.empty(0, dtype=np.int64)
-        arr = arr[self.ptr[key] :]
+        arr = entry[0][entry[1] : entry[2]]
         return arr[self._live_mask(arr, a, b)]
 
     # -- one merge --------------------------------------------------------------------------
-    def apply_merge(self, a: int, b: int, t: int) -> tuple[PairDeltas, dict[int, tuple[int, int]]]:
+    def apply_merge(
+        self, a: int, b: int, t: int
+    ) -> tuple[PairDeltas, tuple[list[int], list[int], list[int]]]:
         """Merge every live occurrence of (a, b) into token t (left to right within a word).
 
-        Returns the count deltas of pre-existing pairs and the registered new pairs.
+        Returns the count deltas of pre-existing pairs and the new pairs (keys, counts, first
+        positions).
         """
         key = pair_key(a, b)
+        entry = self.occ.get(key)
+        if entry is not None and entry[2] - entry[1] <= SMALL:
+            return self._apply_small(key, a, b, t, entry)
         P = self.live_positions(key)
         nxt, prv, tok = self.nxt, self.prv, self.tok
         if a == b and len(P) > 1:
@@ -180,9 +183,69 @@ class FlatMergeState:
         new = sorted_unique(np.concatenate([Lnew[Lnew >= 0], P[has_r]]))
         registered = self._register(new)
         self.occ.pop(key, None)
-        self.ptr.pop(key, None)
-        deltas = PairDeltas(rk, rc, removed)
+        deltas = PairDeltas(rk.tolist(), rc.tolist(), removed)
         return deltas, registered
+
+    def _apply_small(self, key: int, a: int, b: int, t: int, entry: list
+                     ) -> tuple[PairDeltas, tuple[list[int], list[int], list[int]]]:
+        """``apply_merge`` for a pair with few stored positions, in plain Python: the same steps
+        without the fixed cost of a dozen numpy calls (most late merges are like this)."""
+        tok, nxt, prv, w = self.tok, self.nxt, self.prv, self.w
+        kept: list[int] = []
+        for p in entry[0][entry[1]:entry[2]].tolist():
+            if tok[p] != a:
+                continue
+            j = int(nxt[p])
+            if j < 0 or tok[j] != b:
+                continue
+            if kept and int(nxt[kept[-1]]) == p:  # overlaps the kept a a: left to right
+                continue
+            kept.append(p)
+        old: set[int] = set()
+        removed = 0
+        for p in kept:
+            j = int(nxt[p])
+            left = int(prv[p])
+            if left >= 0:
+                old.add(left)
+            old.add(p)
+            if nxt[j] >= 0:
+                old.add(j)
+            removed += int(w[p])
+        lost: dict[int, int] = {}
+        for q in old:
+            k = (int(tok[q]) << 32) | int(tok[nxt[q]])
+            lost[k] = lost.get(k, 0) + int(w[q])
+        self.total_tokens -= removed
+        for p in kept:  # relink
+            j = int(nxt[p])
+            r = int(nxt[j])
+            tok[p] = t
+            tok[j] = -1
+            nxt[p] = r
+            if r >= 0:
+                prv[r] = p
+        new: set[int] = set()
+        for p in kept:
+            left = int(prv[p])
+            if left >= 0:
+                new.add(left)
+            if nxt[p] >= 0:
+                new.add(p)
+        groups: dict[int, list[int]] = {}
+        for q in sorted(new):
+            groups.setdefault((int(tok[q]) << 32) | int(tok[nxt[q]]), []).append(q)
+        keys, sums, firsts = [], [], []
+        occ = self.occ
+        for k in sorted(groups):
+            qs = groups[k]
+            keys.append(k)
+            sums.append(sum(int(w[q]) for q in qs))
+            firsts.append(qs[0])
+            occ[k] = [np.array(qs, dtype=np.int64), 0, len(qs)]
+        occ.pop(key, None)
+        rk = sorted(lost)
+        return PairDeltas(rk, [lost[k] for k in rk], removed), (keys, sums, firsts)
 
     # -- the working set, for hand-off and checks ------------------------------------------------
     def current(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -250,17 +313,14 @@ class LocalTrainer:
         t = self.next_id
         deltas, new = self.state.apply_merge(a, b, t)
         counts = self.counts
-        for k, d in zip(deltas.removed_keys.tolist(), deltas.removed_counts.tolist()):
-            c = counts[k] - d
-            if c:
-                counts[k] = c
-            else:
-                del counts[k]
+        for k, d in zip(deltas.removed_keys, deltas.removed_counts):
+            counts[k] -= d  # a pair at 0 stays until its heap entry is popped
+        keys, sums, firsts = new
+        counts.update(zip(keys, sums))
         push = heapq.heappush
         heap = self.heap
-        for k, (c, first) in new.items():
-            counts[k] = c
-            push(heap, (-c, first, k))
+        for e in zip([-c for c in sums], firsts, keys):
+            push(heap, e)
         self.token_len.append(self.token_len[a] + self.token_len[b])
         m = Merge(a, b, t, count)
         self.merges.append(m)

@@ -4,9 +4,11 @@ round loop runs on in-process blocks here; tests/test_train_spark.py runs it on 
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline import fast_bpe
 from pipeline.block_bpe import Block, replay_block
 from pipeline.bpe import initial_words, tokens_after, train_oracle
 from pipeline.fast_bpe import LocalTrainer
@@ -41,9 +43,13 @@ def split_blocks(ids, counts, parts: int, replay=None) -> list[Block]:
     return blocks
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.parametrize("small", [0, 12, 10**9], ids=["numpy", "mixed", "python"])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpora(), st.sampled_from([1, 2]), st.sampled_from([None, 2, 3, 5]))
-def test_local_engine_equals_oracle(corpus, min_count, max_bytes):
+def test_local_engine_equals_oracle(monkeypatch, small, corpus, min_count, max_bytes):
+    """Both merge paths (vectorized, and plain Python for rare pairs) and their mix."""
+    monkeypatch.setattr(fast_bpe, "SMALL", small)
     words, counts = corpus
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 40, min_count, max_bytes)
