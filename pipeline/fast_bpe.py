@@ -296,6 +296,7 @@ class LocalTrainer:
         heapq.heapify(self.heap)
         self.merges: list[Merge] = []
         self.removed: list[int] = []  # corpus tokens removed by each merge
+        self.min_count = 1  # new pairs below this count are not pushed (set by train)
 
     @classmethod
     def from_words(
@@ -319,8 +320,10 @@ class LocalTrainer:
         counts.update(zip(keys, sums))
         push = heapq.heappush
         heap = self.heap
-        for e in zip([-c for c in sums], firsts, keys):
-            push(heap, e)
+        floor = self.min_count  # a pair below it can never be merged: keep it off the heap
+        for c, first, k in zip(sums, firsts, keys):
+            if c >= floor:
+                push(heap, (-c, first, k))
         self.token_len.append(self.token_len[a] + self.token_len[b])
         m = Merge(a, b, t, count)
         self.merges.append(m)
@@ -358,6 +361,9 @@ class LocalTrainer:
         on_merge: Callable[[TrainProgress], None] | None = None,
     ) -> list[Merge]:
         """Run until ``num_merges`` merges in total have been made (or no pair qualifies)."""
+        if min_pair_count < self.min_count:
+            raise ValueError("min_pair_count cannot go below an earlier train() call's")
+        self.min_count = min_pair_count
         while len(self.merges) < num_merges:
             best = self.best_pair(max_token_bytes)
             if best is None or best[1] < min_pair_count:

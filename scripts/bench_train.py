@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--spark-merges", type=int, default=4000)
     ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--merge-stage-only", metavar="WORDS_DIR", default="",
+                    help="only table 2 (merge stage vs tokenizers), on this word table")
     args = ap.parse_args()
     py = str(REPO / ".venv" / "bin" / "python")
     env = {**os.environ, "PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py,
@@ -73,7 +75,7 @@ def main() -> None:
 
     # 1 + 2: end to end and merge stage, interleaved
     ours, hf_full, hf_257, rust = [], [], [], []
-    for i in range(args.repeat):
+    for i in range(0 if args.merge_stage_only else args.repeat):
         run = os.path.join(tmp, f"run-{i}")
         ours.append(submit(["--input", args.corpus, "--output", run, "--vocab-size", str(V)],
                            env))
@@ -82,8 +84,14 @@ def main() -> None:
         rust.append(timed(lambda: rustbpe_train(texts, V))[0])
         print(f"run {i + 1}: ours {ours[-1]:.1f} s, tokenizers {hf_full[-1]:.1f} s "
               f"(257: {hf_257[-1]:.1f} s), rustbpe {rust[-1]:.1f} s", flush=True)
-    stats = json.loads(Path(tmp, "run-0", "stats.json").read_text())
-    words_dir = os.path.join(tmp, "run-0", "words")
+    if args.merge_stage_only:
+        words_dir = args.merge_stage_only
+        for _ in range(args.repeat):
+            hf_full.append(timed(lambda: hf_train(files, V))[0])
+            hf_257.append(timed(lambda: hf_train(files, 257))[0])
+    else:
+        stats = json.loads(Path(tmp, "run-0", "stats.json").read_text())
+        words_dir = os.path.join(tmp, "run-0", "words")
 
     import numpy as np
     import pyarrow.parquet as pq
@@ -102,6 +110,14 @@ def main() -> None:
         lt.train(V - 257)
         merge_times.append(time.perf_counter() - t0)
     hf_merge = [a - b for a, b in zip(hf_full, hf_257)]
+    if args.merge_stage_only:
+        print("\n| merge stage | median | vs tokenizers | runs |\n|---|---|---|---|")
+        print(fmt_row(f"spark-bpe local engine, {len(lt.merges)} merges", merge_times,
+                      median(hf_merge)))
+        print(fmt_row("HF tokenizers (vocab V run minus vocab 257 run)", hf_merge,
+                      median(hf_merge)))
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
 
     print()
     print(f"corpus {args.corpus}: {len(texts)} rows, {nbytes / 1e6:.1f} MB, "
