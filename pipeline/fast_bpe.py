@@ -255,19 +255,6 @@ class FlatMergeState:
         lengths = np.bincount(wid, minlength=len(self.word_start)).astype(np.int64)
         return self.tok[live], (live - self.word_start[wid]).astype(np.int32), lengths
 
-    def words(self) -> list[list[int]]:
-        """Current tokens of every word (for tests)."""
-        out = []
-        starts = np.flatnonzero(self.prv == -1)
-        starts = starts[self.tok[starts] >= 0]
-        for s in starts.tolist():
-            seq, p = [], s
-            while p >= 0:
-                seq.append(int(self.tok[p]))
-                p = int(self.nxt[p])
-            out.append(seq)
-        return out
-
 
 @dataclass
 class TrainProgress:
