@@ -76,14 +76,20 @@ def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path):
     n = 2000
     expected = train_oracle(ids, counts, base.tokens, n)
     runs = {}
-    for engine in ("spark", "local"):
+    symbols = sum(len(w) for w in words)
+    for engine in ("spark", "local", "auto"):
+        # auto: Spark rounds until the working set shrinks to 3/4 of the table, then the driver
         cfg = Config(words=str(tmp_path / "w"), output=str(tmp_path / engine), num_merges=n,
-                     engine=engine, num_partitions=3, progress_bar=False)
+                     engine=engine, num_partitions=3, progress_bar=False,
+                     local_threshold_tokens=symbols * 3 // 4)
         runs[engine] = train(spark, cfg).merges
     assert runs["local"] == expected
     assert runs["spark"] == expected
+    assert runs["auto"] == expected
     stats = json.loads((tmp_path / "spark" / "stats.json").read_text())
     assert stats["spark_rounds"] < n / 4
+    auto = json.loads((tmp_path / "auto" / "stats.json").read_text())
+    assert auto["engine"] == "spark" and 0 < auto["handoff_to_driver_at_merge"] < n
 
 
 def run_job(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
