@@ -84,14 +84,18 @@ def explain_difference(theirs: dict | None, ours: dict) -> str:
     return "; ".join(diffs) or "the settings fingerprint"
 
 
-def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | None = None
-           ) -> str:
-    body = [f"{HEADER} v{VERSION}", f"#fingerprint {fp}"]
+def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | None = None,
+           rows: list[str] | None = None) -> str:
+    """The checkpoint text. ``rows``: the merge lines already rendered for a prefix of
+    ``merges`` (extended in place, so a run that checkpoints often renders each merge once)."""
+    rows = [] if rows is None else rows
+    rows += [f"{m.left} {m.right} {m.count} {r}"
+             for m, r in zip(merges[len(rows):], removed[len(rows):])]
+    head = [f"{HEADER} v{VERSION}", f"#fingerprint {fp}"]
     if settings is not None:
-        body.append(f"#settings {json.dumps(settings, sort_keys=True)}")
-    body.append(f"#merges {len(merges)}")
-    body += [f"{m.left} {m.right} {m.count} {r}" for m, r in zip(merges, removed)]
-    text = "\n".join(body) + "\n"
+        head.append(f"#settings {json.dumps(settings, sort_keys=True)}")
+    head.append(f"#merges {len(merges)}")
+    text = "\n".join(head + rows[:len(merges)]) + "\n"
     return text + f"#sha256 {hashlib.sha256(text.encode()).hexdigest()}\n"
 
 
@@ -152,6 +156,8 @@ class Checkpointer:
         self.spark, self.dir, self.fp, self.base_size = spark, directory, fp, base_size
         self.settings = settings
         self.last_written = -1
+        self._rows: list[str] = []  # rendered lines of the merge list saved last
+        self._last: Merge | None = None  # its last merge (a new list must extend that one)
 
     def _files(self) -> list[tuple[int, str]]:
         out = []
@@ -192,7 +198,12 @@ class Checkpointer:
             return
         path = fsutil.join(self.dir, f"merges-{len(merges):09d}.txt")
         fsutil.mkdirs(self.spark, self.dir)
-        fsutil.write_text(self.spark, path, render(merges, removed, self.fp, self.settings))
+        n = len(self._rows)
+        if n and (len(merges) < n or merges[n - 1] != self._last):
+            self._rows = []  # not an extension of the list saved last: render afresh
+        fsutil.write_text(self.spark, path,
+                          render(merges, removed, self.fp, self.settings, self._rows))
+        self._last = merges[-1] if merges else None
         self.last_written = len(merges)
         for _, old in self._files()[:-KEEP]:
             fsutil.delete(self.spark, old)

@@ -59,105 +59,138 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return values[_first_of_runs(values)]
 
 
-@dataclass
-class PairDeltas:
-    """What one merge took from pre-existing pairs (new pairs are registered separately)."""
-
-    removed_keys: list[int]  # pairs that lost occurrences
-    removed_counts: list[int]  # how much they lost (> 0)
-    tokens_removed: int
-
-
 class FlatMergeState:
-    """Words laid end to end, with linked token starts and the append-only pair store."""
+    """Words laid end to end, with linked token starts and the append-only pair store.
+
+    Every pair gets a dense id when it is registered; ``pid[p]`` is the id of the pair that
+    starts at position p now (-1 if none), so an occurrence is live exactly when its position
+    still carries the pair's id. Per id: exact count ``cnt``, tokens ``pa``/``pb``, and its
+    stored positions ``buf[lo:hi]`` (sorted; ``lo`` advances past dead entries).
+    """
 
     def __init__(self, flat_tokens: np.ndarray, lengths: np.ndarray, counts: np.ndarray):
         n = int(flat_tokens.shape[0])
         lengths = np.asarray(lengths, dtype=np.int64)
         if np.any(lengths <= 0):
             raise ValueError("every word needs at least one token")
-        idx = np.int64 if n >= 2**31 - 1 else np.int32
         self.tok = np.asarray(flat_tokens, dtype=np.int64).astype(np.int32, copy=True)
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        self.nxt = np.arange(1, n + 1, dtype=idx)
+        self.nxt = np.arange(1, n + 1, dtype=np.int64)
         self.nxt[ends - 1] = -1
-        self.prv = np.arange(-1, n - 1, dtype=idx)
+        self.prv = np.arange(-1, n - 1, dtype=np.int64)
         self.prv[starts] = -1
         self.w = np.repeat(np.asarray(counts, dtype=np.int64), lengths)
         self.word_start = starts
-        self.occ: dict[int, list] = {}  # pair -> [sorted positions, read pointer, end]
         self.total_tokens = int(self.w.sum())
+        self.pid = np.full(n, -1, dtype=np.int64)
+        self.n_ids = 0
+        cap = 1024
+        self.cnt = np.zeros(cap, dtype=np.int64)
+        self.lo = np.zeros(cap, dtype=np.int64)
+        self.hi = np.zeros(cap, dtype=np.int64)
+        self.pa = np.zeros(cap, dtype=np.int64)
+        self.pb = np.zeros(cap, dtype=np.int64)
+        self.buf = np.zeros(max(2 * n, 1024), dtype=np.int64)
+        self.buf_len = 0
+        # pair key -> id, kept only while merges are applied by pair (replay): see key_index
+        self.id_of: dict[int, int] = {}
+        self.track_keys = False
 
     # -- pair store -------------------------------------------------------------------------
-    def _keys_at(self, pos: np.ndarray) -> np.ndarray:
-        return (self.tok[pos].astype(np.int64) << SHIFT) | self.tok[self.nxt[pos]].astype(np.int64)
+    def _reserve(self, ids: int, positions: int) -> None:
+        if ids > len(self.cnt):
+            cap = max(ids, 2 * len(self.cnt))
+            for name in ("cnt", "lo", "hi", "pa", "pb"):
+                old = getattr(self, name)
+                grown = np.zeros(cap, dtype=np.int64)
+                grown[: len(old)] = old
+                setattr(self, name, grown)
+        if positions > len(self.buf):
+            grown = np.zeros(max(positions, 2 * len(self.buf)), dtype=np.int64)
+            grown[: self.buf_len] = self.buf[: self.buf_len]
+            self.buf = grown
 
-    def initial_counts(self) -> dict[int, tuple[int, int]]:
-        """Register every pair of the initial layout; returns key -> (count, first position)."""
-        keys, sums, firsts = self._register(np.flatnonzero(self.nxt >= 0))
-        return {k: (c, f) for k, c, f in zip(keys, sums, firsts)}
+    def initial_counts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Register every pair of the initial layout: (ids, counts, first positions)."""
+        return self._register(np.flatnonzero(self.nxt >= 0))
 
-    def _register(self, pos: np.ndarray) -> tuple[list[int], list[int], list[int]]:
-        """Store sorted positions ``pos`` of new pairs: (keys, counts, first positions)."""
-        uniq, sums, order, starts = group_sum(self._keys_at(pos), self.w[pos])
+    def _register(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Give the pairs at sorted positions ``pos`` (all new pairs) ids and store their
+        positions; returns (ids, counts, first positions)."""
+        keys = (self.tok[pos].astype(np.int64) << SHIFT) | self.tok[self.nxt[pos]]
+        order = np.argsort(keys, kind="stable")
+        ks = keys[order]
         spos = pos[order]
-        keys = uniq.tolist()
-        b = starts.tolist()
-        b.append(len(pos))
-        # occurrences of pair k: spos[lo:hi], lo advancing past stale entries
-        self.occ.update({k: [spos, lo, hi] for k, lo, hi in zip(keys, b, b[1:])})
-        return keys, sums.tolist(), spos[starts].tolist()
+        if len(ks) == 0:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, z
+        starts = np.flatnonzero(_first_of_runs(ks))
+        m = len(starts)
+        first_id, base = self.n_ids, self.buf_len
+        self._reserve(first_id + m, base + len(spos))
+        ids = np.arange(first_id, first_id + m, dtype=np.int64)
+        sizes = np.diff(np.append(starts, len(spos)))
+        sums = np.add.reduceat(self.w[spos], starts)
+        uniq = ks[starts]
+        self.buf[base : base + len(spos)] = spos
+        self.buf_len = base + len(spos)
+        self.lo[first_id : first_id + m] = base + starts
+        self.hi[first_id : first_id + m] = base + starts + sizes
+        self.cnt[first_id : first_id + m] = sums
+        self.pa[first_id : first_id + m] = uniq >> SHIFT
+        self.pb[first_id : first_id + m] = uniq & 0xFFFFFFFF
+        self.pid[spos] = np.repeat(ids, sizes)
+        self.n_ids = first_id + m
+        if self.track_keys:
+            self.id_of.update(zip(uniq.tolist(), ids.tolist()))
+        return ids, sums, spos[starts]
 
-    def is_live(self, p: int, a: int, b: int) -> bool:
-        if self.tok[p] != a:
-            return False
-        q = self.nxt[p]
-        return q >= 0 and self.tok[q] == b
+    def key_index(self) -> dict[int, int]:
+        """The pair key -> id map, built now if it is not being kept, and kept from now on."""
+        if not self.track_keys:
+            n = self.n_ids
+            keys = (self.pa[:n] << SHIFT) | self.pb[:n]
+            self.id_of = dict(zip(keys.tolist(), range(n)))
+            self.track_keys = True
+        return self.id_of
 
-    def first_live(self, key: int) -> int:
-        """Smallest live position of a pair (advancing its read pointer past stale entries)."""
-        a, b = split_key(key)
-        entry = self.occ[key]
-        arr, i, hi = entry
-        if i < hi and self.is_live(int(arr[i]), a, b):
-            return int(arr[i])
-        rest = arr[i:hi]
-        live = np.flatnonzero(self._live_mask(rest, a, b))
+    def stop_key_index(self) -> None:
+        """Stop keeping the key map (training picks pairs by id)."""
+        self.track_keys = False
+        self.id_of = {}
+
+    def first_live(self, i: int) -> int:
+        """Smallest live position of pair ``i`` (advancing its read pointer), or -1."""
+        lo, hi = int(self.lo[i]), int(self.hi[i])
+        if lo < hi and self.pid[self.buf[lo]] == i:
+            return int(self.buf[lo])
+        rest = self.buf[lo:hi]
+        live = np.flatnonzero(self.pid[rest] == i)
         if len(live) == 0:
-            entry[1] = hi
+            self.lo[i] = hi
             return -1
-        entry[1] = i + int(live[0])
+        self.lo[i] = lo + int(live[0])
         return int(rest[live[0]])
 
-    def _live_mask(self, pos: np.ndarray, a: int, b: int) -> np.ndarray:
-        nx = self.nxt[pos]
-        return (self.tok[pos] == a) & (nx >= 0) & (self.tok[nx] == b)
-
-    def live_positions(self, key: int) -> np.ndarray:
-        a, b = split_key(key)
-        entry = self.occ.get(key)
-        if entry is None:
-            return np.empty(0, dtype=np.int64)
-        arr = entry[0][entry[1] : entry[2]]
-        return arr[self._live_mask(arr, a, b)]
-
     # -- one merge --------------------------------------------------------------------------
-    def apply_merge(
-        self, a: int, b: int, t: int
-    ) -> tuple[PairDeltas, tuple[list[int], list[int], list[int]]]:
-        """Merge every live occurrence of (a, b) into token t (left to right within a word).
+    def apply_merge(self, a: int, b: int, t: int) -> int:
+        """Merge every live occurrence of (a, b) into token t; returns the corpus tokens
+        removed (0 when the pair does not occur)."""
+        i = self.key_index().get(pair_key(a, b))
+        return 0 if i is None else self.apply_id(i, t)[0]
 
-        Returns the count deltas of pre-existing pairs and the new pairs (keys, counts, first
-        positions).
-        """
-        key = pair_key(a, b)
-        entry = self.occ.get(key)
-        if entry is not None and entry[2] - entry[1] <= SMALL:
-            return self._apply_small(key, a, b, t, entry)
-        P = self.live_positions(key)
-        nxt, prv, tok = self.nxt, self.prv, self.tok
-        if a == b and len(P) > 1:
+    def apply_id(self, i: int, t: int) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Merge every live occurrence of pair ``i`` into token t (left to right within a
+        word). Counts of the pairs that lose occurrences are lowered in ``cnt``; returns the
+        corpus tokens removed and the new pairs (ids, counts, first positions)."""
+        lo, hi = int(self.lo[i]), int(self.hi[i])
+        if hi - lo <= SMALL:
+            return self._apply_small(i, t, lo, hi)
+        nxt, prv, tok, pid, w = self.nxt, self.prv, self.tok, self.pid, self.w
+        arr = self.buf[lo:hi]
+        P = arr[pid[arr] == i]
+        if len(P) > 1 and self.pa[i] == self.pb[i]:
             # runs of overlapping occurrences (a a a ...): keep the 1st, 3rd, ... of each run
             overlap = np.zeros(len(P), dtype=bool)
             overlap[1:] = nxt[P[:-1]] == P[1:]
@@ -170,33 +203,29 @@ class FlatMergeState:
         R = nxt[J]
         has_r = R >= 0
         old = sorted_unique(np.concatenate([L[L >= 0], P, J[has_r]]))
-        old_keys = self._keys_at(old)
-        rk, rc, _, _ = group_sum(old_keys, self.w[old])
-        removed = int(self.w[P].sum())
+        np.subtract.at(self.cnt, pid[old], w[old])
+        removed = int(w[P].sum())
         self.total_tokens -= removed
         # relink
         tok[P] = t
         tok[J] = -1
+        pid[J] = -1
+        pid[P] = -1
         nxt[P] = R
         prv[R[has_r]] = P[has_r]
         Lnew = prv[P]
         new = sorted_unique(np.concatenate([Lnew[Lnew >= 0], P[has_r]]))
-        registered = self._register(new)
-        self.occ.pop(key, None)
-        deltas = PairDeltas(rk.tolist(), rc.tolist(), removed)
-        return deltas, registered
+        self.lo[i] = hi
+        return removed, self._register(new)
 
-    def _apply_small(self, key: int, a: int, b: int, t: int, entry: list
-                     ) -> tuple[PairDeltas, tuple[list[int], list[int], list[int]]]:
-        """``apply_merge`` for a pair with few stored positions, in plain Python: the same steps
+    def _apply_small(self, i: int, t: int, lo: int, hi: int
+                     ) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``apply_id`` for a pair with few stored positions, in plain Python: the same steps
         without the fixed cost of a dozen numpy calls (most late merges are like this)."""
-        tok, nxt, prv, w = self.tok, self.nxt, self.prv, self.w
+        tok, nxt, prv, w, pid, cnt = self.tok, self.nxt, self.prv, self.w, self.pid, self.cnt
         kept: list[int] = []
-        for p in entry[0][entry[1]:entry[2]].tolist():
-            if tok[p] != a:
-                continue
-            j = int(nxt[p])
-            if j < 0 or tok[j] != b:
+        for p in self.buf[lo:hi].tolist():
+            if pid[p] != i:
                 continue
             if kept and int(nxt[kept[-1]]) == p:  # overlaps the kept a a: left to right
                 continue
@@ -212,16 +241,16 @@ class FlatMergeState:
             if nxt[j] >= 0:
                 old.add(j)
             removed += int(w[p])
-        lost: dict[int, int] = {}
         for q in old:
-            k = (int(tok[q]) << 32) | int(tok[nxt[q]])
-            lost[k] = lost.get(k, 0) + int(w[q])
+            cnt[pid[q]] -= w[q]
         self.total_tokens -= removed
         for p in kept:  # relink
             j = int(nxt[p])
             r = int(nxt[j])
             tok[p] = t
             tok[j] = -1
+            pid[j] = -1
+            pid[p] = -1
             nxt[p] = r
             if r >= 0:
                 prv[r] = p
@@ -232,20 +261,37 @@ class FlatMergeState:
                 new.add(left)
             if nxt[p] >= 0:
                 new.add(p)
+        self.lo[i] = hi
+        return removed, self._register_small(sorted(new))
+
+    def _register_small(self, pos: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_register`` for a few positions, in plain Python."""
+        tok, nxt, w = self.tok, self.nxt, self.w
         groups: dict[int, list[int]] = {}
-        for q in sorted(new):
+        for q in pos:
             groups.setdefault((int(tok[q]) << 32) | int(tok[nxt[q]]), []).append(q)
-        keys, sums, firsts = [], [], []
-        occ = self.occ
-        for k in sorted(groups):
+        first_id, base = self.n_ids, self.buf_len
+        self._reserve(first_id + len(groups), base + len(pos))
+        ids, sums, firsts = [], [], []
+        buf, pid, id_of, track = self.buf, self.pid, self.id_of, self.track_keys
+        at = base
+        for n, k in enumerate(sorted(groups)):
             qs = groups[k]
-            keys.append(k)
-            sums.append(sum(int(w[q]) for q in qs))
+            i = first_id + n
+            c = sum(int(w[q]) for q in qs)
+            buf[at : at + len(qs)] = qs
+            pid[qs] = i
+            self.lo[i], self.hi[i] = at, at + len(qs)
+            self.cnt[i], self.pa[i], self.pb[i] = c, k >> 32, k & 0xFFFFFFFF
+            if track:
+                id_of[k] = i
+            at += len(qs)
+            ids.append(i)
+            sums.append(c)
             firsts.append(qs[0])
-            occ[k] = [np.array(qs, dtype=np.int64), 0, len(qs)]
-        occ.pop(key, None)
-        rk = sorted(lost)
-        return PairDeltas(rk, [lost[k] for k in rk], removed), (keys, sums, firsts)
+        self.n_ids = first_id + len(groups)
+        self.buf_len = at
+        return ids, sums, firsts  # type: ignore[return-value]
 
     # -- the working set, for hand-off and checks ------------------------------------------------
     def current(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -275,11 +321,10 @@ class LocalTrainer:
     ):
         self.state = FlatMergeState(flat_tokens, lengths, counts)
         self.token_len = [len(t) for t in token_bytes]
-        self.counts: dict[int, int] = {}
-        self.heap: list[tuple[int, int, int]] = []
-        for k, (c, first) in self.state.initial_counts().items():
-            self.counts[k] = c
-            self.heap.append((-c, first, k))
+        ids, sums, firsts = self.state.initial_counts()
+        # heap of (-count upper bound, position lower bound, pair id), fixed lazily at the top
+        self.heap: list[tuple[int, int, int]] = list(
+            zip((-sums).tolist(), firsts.tolist(), ids.tolist()))
         heapq.heapify(self.heap)
         self.merges: list[Merge] = []
         self.removed: list[int] = []  # corpus tokens removed by each merge
@@ -297,47 +342,53 @@ class LocalTrainer:
     def next_id(self) -> int:
         return len(self.token_len)
 
-    def _apply(self, a: int, b: int, count: int) -> Merge:
+    def _record(self, a: int, b: int, count: int, removed: int) -> Merge:
         t = self.next_id
-        deltas, new = self.state.apply_merge(a, b, t)
-        counts = self.counts
-        for k, d in zip(deltas.removed_keys, deltas.removed_counts):
-            counts[k] -= d  # a pair at 0 stays until its heap entry is popped
-        keys, sums, firsts = new
-        counts.update(zip(keys, sums))
-        push = heapq.heappush
-        heap = self.heap
-        floor = self.min_count  # a pair below it can never be merged: keep it off the heap
-        for c, first, k in zip(sums, firsts, keys):
-            if c >= floor:
-                push(heap, (-c, first, k))
         self.token_len.append(self.token_len[a] + self.token_len[b])
         m = Merge(a, b, t, count)
         self.merges.append(m)
-        self.removed.append(deltas.tokens_removed)
+        self.removed.append(removed)
         return m
 
+    def _apply(self, i: int, count: int) -> Merge:
+        st = self.state
+        a, b = int(st.pa[i]), int(st.pb[i])
+        removed, (ids, sums, firsts) = st.apply_id(i, self.next_id)
+        floor = self.min_count  # a pair below it can never be merged: keep it off the heap
+        push, heap = heapq.heappush, self.heap
+        if isinstance(sums, np.ndarray):
+            keep = sums >= floor
+            for c, first, k in zip(sums[keep].tolist(), firsts[keep].tolist(),
+                                   ids[keep].tolist()):
+                push(heap, (-c, first, k))
+        else:
+            for c, first, k in zip(sums, firsts, ids):
+                if c >= floor:
+                    push(heap, (-c, first, k))
+        return self._record(a, b, count, removed)
+
     def best_pair(self, max_token_bytes: int | None = None) -> tuple[int, int] | None:
-        """(key, count) of the pair the sequential trainer merges next, or None."""
-        heap, counts, state = self.heap, self.counts, self.state
+        """(pair id, count) of the pair the sequential trainer merges next, or None."""
+        heap, state = self.heap, self.state
+        cnt, pa, pb = state.cnt, state.pa, state.pb
         tl = self.token_len
         while heap:
-            negc, pos, k = heap[0]
-            c = counts.get(k, 0)
+            negc, pos, i = heap[0]
+            c = int(cnt[i])
             if c != -negc:
                 if c:
-                    heapq.heapreplace(heap, (-c, pos, k))
+                    heapq.heapreplace(heap, (-c, pos, i))
                 else:
                     heapq.heappop(heap)
                 continue
-            if max_token_bytes is not None and tl[k >> 32] + tl[k & 0xFFFFFFFF] > max_token_bytes:
+            if max_token_bytes is not None and tl[pa[i]] + tl[pb[i]] > max_token_bytes:
                 heapq.heappop(heap)  # never mergeable; its count only falls from here
                 continue
-            real = state.first_live(k)
+            real = state.first_live(i)
             if real != pos:
-                heapq.heapreplace(heap, (negc, real, k))
+                heapq.heapreplace(heap, (negc, real, i))
                 continue
-            return k, c
+            return i, c
         return None
 
     def train(
@@ -351,19 +402,24 @@ class LocalTrainer:
         if min_pair_count < self.min_count:
             raise ValueError("min_pair_count cannot go below an earlier train() call's")
         self.min_count = min_pair_count
+        self.state.stop_key_index()
         while len(self.merges) < num_merges:
             best = self.best_pair(max_token_bytes)
             if best is None or best[1] < min_pair_count:
                 break
-            k, c = best
-            m = self._apply(k >> 32, k & 0xFFFFFFFF, c)
+            m = self._apply(*best)
             if on_merge is not None:
                 on_merge(TrainProgress(len(self.merges), m, self.state.total_tokens))
         return self.merges
 
     def replay(self, merges: Sequence[Merge]) -> None:
-        """Apply known merges (resume); each must be the next id."""
+        """Apply known merges (resume, or another text); each must be the next id."""
+        id_of = self.state.key_index()
         for m in merges:
             if m.new_id != self.next_id:
                 raise ValueError(f"merge {m} does not continue at id {self.next_id}")
-            self._apply(m.left, m.right, m.count)
+            i = id_of.get(pair_key(m.left, m.right))
+            if i is None:  # the pair does not occur here
+                self._record(m.left, m.right, m.count, 0)
+            else:
+                self._apply(i, m.count)

@@ -101,9 +101,15 @@ class Pretokenizer:
 
     def words(self, text: str) -> list[str]:
         """All words of one row, in text order."""
-        text = self.prepare(text)
+        return self.split_chunks(self.chunks(self.prepare(text)))
+
+    def split_chunks(self, chunks: Iterable[str]) -> list[str]:
+        """The words of prepared text chunks (special tokens already cut out), in order."""
+        if self._split is not None and self._whole_matches and isinstance(chunks, tuple) \
+                and len(chunks) == 1:
+            return self._split.findall(chunks[0])
         out: list[str] = []
-        for chunk in self.chunks(text):
+        for chunk in chunks:
             if self._split is None:
                 out.append(chunk)
             elif self._whole_matches:
@@ -145,9 +151,9 @@ class RowStats:
 @dataclass
 class WordCounter:
     """Counts words of consecutive rows of *one file*, remembering each word's first occurrence
-    as ``(row, rank)``: the row index in the file and the word's rank among the distinct words of
-    that row in order of first occurrence. That key does not depend on how rows are split into
-    partitions, so the minimum over partitions is the global first occurrence."""
+    as ``(row, rank)``: the row index in the file and the index of the word's first match in
+    that row. That key does not depend on how rows are split into partitions, so the minimum
+    over partitions is the global first occurrence."""
 
     pretokenizer: Pretokenizer
     counts: dict[str, int] = field(default_factory=dict)
@@ -171,9 +177,14 @@ class WordCounter:
             st.bytes += len(value)
         else:
             st.bytes += len(text.encode("utf-8")) if not text.isascii() else len(text)
-        if self.pretokenizer._specials is not None:
-            st.special_tokens += self.pretokenizer.count_specials(self.pretokenizer.prepare(text))
-        words = self.pretokenizer.words(text)
+        pre = self.pretokenizer
+        text = pre.prepare(text)
+        if pre._specials is not None and any(s in text for s in pre.spec.special_tokens):
+            pieces = pre._specials.split(text)
+            st.special_tokens += len(pieces) - 1
+            words = pre.split_chunks(c for c in pieces if c)
+        else:
+            words = pre.split_chunks((text,))
         if not words:
             return
         st.words += len(words)
@@ -187,9 +198,15 @@ class WordCounter:
         if len(counts) == known:  # no word new to this file's counter: no first occurrence
             return
         first = self.first
-        for rank, w in enumerate(dict.fromkeys(words)):
-            if w not in first:
-                first[w] = (row_index, rank)
+        new = set(words).difference(first)
+        if len(new) < 32:  # a few new words: find each one's first match in C
+            for w in new:
+                first[w] = (row_index, words.index(w))
+        else:  # word -> index of its first match (built in C: earlier matches overwrite later)
+            n = len(words)
+            at = dict(zip(reversed(words), range(n - 1, -1, -1)))
+            for w in new:
+                first[w] = (row_index, at[w])
 
 
 try:  # the C helper behind Counter(iterable); fall back to Counter if it ever moves

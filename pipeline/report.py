@@ -460,8 +460,12 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
     per_file = -(-n // max(len(picked), 1))
     rows: list = []
     for f in picked:
-        df = spark.read.parquet(f).select(F.col(cfg.text_column))
-        rows += [r[0] for r in df.limit(min(per_file, n - len(rows))).collect()]
+        want = min(per_file, n - len(rows))
+        if fsutil.is_local(f):  # a local file: read its first rows directly, no Spark job
+            rows += _first_rows(fsutil.local_path(f), cfg.text_column, want)
+        else:
+            df = spark.read.parquet(f).select(F.col(cfg.text_column))
+            rows += [r[0] for r in df.limit(want).collect()]
         if len(rows) >= n:
             break
     if cfg.report_sample:
@@ -470,6 +474,17 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
         label = (f"{len(rows)} rows of the training input {cfg.input} (not held out: set "
                  "report_sample to a Parquet of held-out text for an unbiased curve)")
     return rows, label, bool(cfg.report_sample)
+
+
+def _first_rows(path: str, column: str, n: int) -> list:
+    import pyarrow.parquet as pq
+
+    rows: list = []
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=max(n, 1), columns=[column]):
+        rows += batch.column(0).to_pylist()[: n - len(rows)]
+        if len(rows) >= n:
+            break
+    return rows
 
 
 def write_report(spark, cfg, tok: TrainedTokenizer, tokens_left: Sequence[int], words,

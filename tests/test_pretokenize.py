@@ -8,8 +8,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec
+from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, WordCounter
 
 
 def tiktoken_source_patterns() -> dict[str, str]:
@@ -66,3 +68,34 @@ def test_none_pattern_and_normalization():
 def test_a_word_is_the_whole_match_even_with_groups():
     pre = Pretokenizer(PretokenizerSpec(r"(\w)\w*|\s"))
     assert pre.words("hello big world") == ["hello", " ", "big", " ", "world"]
+
+
+_ALPHABET = ["ab", "b", "cd", " ", "\n", "x1", "é", "<|endoftext|>", "'s", "  ", "9", ","]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.sampled_from(_ALPHABET), max_size=120)
+                          .map("".join)), max_size=12),
+       st.integers(0, 40))
+def test_word_counter_matches_a_naive_scan(rows, extra):
+    """Counts, statistics and first-occurrence order of WordCounter equal a naive pass over
+    every match; ``extra`` distinct words in one row exercise the many-new-words path."""
+    rows = list(rows) + [" ".join(f"w{i}" for i in range(extra)) + " ab"]
+    pre = Pretokenizer(PretokenizerSpec("cl100k", ("<|endoftext|>",)))
+    wc = WordCounter(pre)
+    for i, r in enumerate(rows):
+        wc.add_row(i, r)
+    counts: dict[str, int] = {}
+    order: dict[str, int] = {}
+    specials = 0
+    for r in rows:
+        if not r:
+            continue
+        specials += r.count("<|endoftext|>")
+        for w in pre.words(r):
+            counts[w] = counts.get(w, 0) + 1
+            order.setdefault(w, len(order))
+    assert wc.counts == counts
+    assert sorted(wc.first, key=wc.first.__getitem__) == list(order)
+    assert wc.stats.words == sum(counts.values())
+    assert wc.stats.special_tokens == specials
