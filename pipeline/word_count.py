@@ -240,30 +240,12 @@ def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thre
     return thread
 
 
-@contextlib.contextmanager
-def _split_inputs_finely(spark: SparkSession) -> Iterator[None]:
-    """Ask Spark for about 8 input splits per core (``spark.sql.files.minPartitionNum``, unless
-    the user set it): splitting text costs the same per byte, so several tasks per core keep
-    the cores evenly busy until the end. Only matters for small inputs; on a big corpus the
-    128 MB split size already gives many more tasks."""
-    key = "spark.sql.files.minPartitionNum"
-    before = spark.conf.get(key, None)
-    if before is None:
-        spark.conf.set(key, str(8 * spark.sparkContext.defaultParallelism))
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-
-
 def count_words(spark: SparkSession, cfg: Config) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically."""
     t0 = time.time()
     spec = cfg.pretokenizer_spec()
     warming = _warm_workers(spark, spec)
-    with _split_inputs_finely(spark):
-        table = _count(spark, cfg, spec, t0)
+    table = _count(spark, cfg, spec, t0)
     warming.join()
     return table
 
