@@ -46,6 +46,7 @@ class Config:
     text_column: str = "text"
     words: str = ""  # an existing word table (skips the corpus scan)
     output: str = ""  # run directory (train) or word table directory (count_words)
+    count_on_driver_max_mb: int = 256  # inputs up to this much Parquet merge counts on the driver
     # -- pretokenization -------------------------------------------------------------------------
     pattern: str = "cl100k"  # gpt2 | cl100k | o200k | none | a custom regex
     special_tokens: list[str] = field(default_factory=list)
@@ -264,6 +265,7 @@ def validate(cfg: Config, job: str) -> Config:
     need(cfg.max_batch >= 1, "config key 'max_batch' must be >= 1")
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
     need(cfg.lineage_every_rounds >= 1, "config key 'lineage_every_rounds' must be >= 1")
+    need(cfg.count_on_driver_max_mb >= 0, "config key 'count_on_driver_max_mb' must be >= 0")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
     need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
     if job == "train":

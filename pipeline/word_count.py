@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -208,6 +210,113 @@ def _dense_rank(sorted_df: DataFrame) -> tuple[DataFrame, int]:
     return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA), acc
 
 
+def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
+                      ) -> tuple[dict[str, int], int, float]:
+    """Sum counts and keep the smallest first key per word with a Spark aggregation, and write
+    the word table under ``tmp``; returns (statistics, distinct words, time counted)."""
+    agg = (
+        partial.groupBy("kind", "word")
+        .agg(
+            F.sum("count").alias("count"),
+            F.max("count").alias("max"),
+            F.min(F.struct("file", "row", "rank")).alias("first"),
+        )
+        .persist()
+    )
+    # one job: the statistics rows, and all word rows folded into one row counting them
+    is_word = F.col("kind") == KIND_WORD
+    summary = agg.groupBy(
+        "kind", F.when(is_word, F.lit(b"")).otherwise(F.col("word")).alias("name")
+    ).agg(F.sum("count").alias("count"), F.max("max").alias("max"),
+          F.count(F.lit(1)).alias("rows")).collect()
+    t_count = time.time()
+    log.info("counted words in %.1f s", t_count - t0)
+    stats = {bytes(r["name"]).decode(): int(r["count"] if r["kind"] == KIND_STAT else r["max"])
+             for r in summary if r["kind"] != KIND_WORD}
+    unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
+    words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
+    layout = FirstSeenLayout.fit(n_files, stats.pop("max_row", 0), stats.pop("max_rank", 0))
+    if layout is not None:  # pack (file, row, rank): order-preserving, no global sort needed
+        table = words.select(
+            "word", "count",
+            (F.shiftleft(F.col("first.file").cast("long"), layout.row_bits + layout.rank_bits)
+             .bitwiseOR(F.shiftleft(F.col("first.row"), layout.rank_bits))
+             .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
+        )
+    else:  # too many files/rows for 63 bits: dense ranks of the first occurrence
+        table, _ = _dense_rank(words.orderBy("first").select("word", "count"))
+    table.write.parquet(fsutil.join(tmp, "data"))
+    agg.unpersist()
+    return stats, unique_words, t_count
+
+
+def merge_partials(partial: pa.Table, n_files: int) -> tuple[pa.Table, dict[str, int]]:
+    """The driver-side merge of the tasks' partial output (``_PARTIAL_SCHEMA``): the word table
+    (same rows as :func:`_merge_with_spark` writes, sorted by first_seen) and the statistics."""
+    kind = partial.column("kind").to_numpy()
+    stats: dict[str, int] = {}
+    side = partial.filter(pa.array(kind != KIND_WORD))
+    for k, name, value in zip(side.column("kind").to_pylist(), side.column("word").to_pylist(),
+                              side.column("count").to_pylist()):
+        key = bytes(name).decode()
+        stats[key] = stats.get(key, 0) + value if k == KIND_STAT else max(stats.get(key, 0),
+                                                                             value)
+    words = partial.filter(pa.array(kind == KIND_WORD))
+    ids = pc.dictionary_encode(words.column("word").combine_chunks())  # one dictionary
+    word_id = ids.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    count = words.column("count").to_numpy()
+    file = words.column("file").to_numpy().astype(np.int64)
+    row = words.column("row").to_numpy()
+    rank = words.column("rank").to_numpy().astype(np.int64)
+    n = len(ids.dictionary)
+    by_word = np.argsort(word_id, kind="stable")
+    totals = np.zeros(n, dtype=np.int64)
+    if n:  # exact int64 sums (np.bincount would go through float64)
+        starts = np.flatnonzero(np.r_[True, np.diff(word_id[by_word]) != 0])
+        totals = np.add.reduceat(count[by_word], starts)
+    by_key = np.lexsort((rank, row, file))  # rows in order of their first key
+    _, first_at = np.unique(word_id[by_key], return_index=True)
+    rep = by_key[first_at]  # each word's row with the smallest (file, row, rank)
+    layout = FirstSeenLayout.fit(n_files, stats.pop("max_row", 0), stats.pop("max_rank", 0))
+    if layout is not None:
+        first_seen = ((file[rep] << (layout.row_bits + layout.rank_bits))
+                      | (row[rep] << layout.rank_bits) | rank[rep])
+    else:  # dense ranks: first_at are positions in key order
+        first_seen = np.empty(n, dtype=np.int64)
+        first_seen[np.argsort(first_at)] = np.arange(n, dtype=np.int64)
+    table = pa.Table.from_arrays(
+        [ids.dictionary.cast(pa.binary()), pa.array(totals, pa.int64()),
+         pa.array(first_seen, pa.int64())],
+        schema=pa.schema([pa.field(f.name, pa.binary() if f.name == "word" else pa.int64(),
+                                   nullable=False) for f in WORD_TABLE_SCHEMA.fields]),
+    )
+    return table.sort_by("first_seen"), stats
+
+
+def _input_megabytes(spark: SparkSession, files: list[str]) -> float | None:
+    """Size of the input files in MB, or None when listing sizes would take long (many files
+    on a remote filesystem)."""
+    if all(fsutil.is_local(f) for f in files):
+        return sum(os.path.getsize(fsutil.local_path(f)) for f in files) / 1e6
+    if len(files) > 200:
+        return None
+    total = 0
+    for f in files:
+        fs, p = fsutil._fs(spark, f)
+        total += fs.getFileStatus(p).getLen()
+    return total / 1e6
+
+
+def _write_table(spark: SparkSession, table: pa.Table, path: str) -> None:
+    """Write a word table made on the driver: directly when local, through Spark otherwise."""
+    if fsutil.is_local(path):
+        local = fsutil.local_path(path)
+        os.makedirs(local, exist_ok=True)
+        pq.write_table(table, os.path.join(local, "part-00000.parquet"))
+    else:
+        spark.createDataFrame(table).write.parquet(path)
+
+
 @dataclass
 class WordTable:
     """A word table on disk: ``<dir>/data`` (Parquet) + ``word_table.json`` + ``stats.json``."""
@@ -262,41 +371,19 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
         # keep each file's rows in order inside a partition: repartition by file, sort rows
         src = src.repartition(cfg.num_partitions, "path").sortWithinPartitions("path", "row")
     partial = src.mapInArrow(_count_partition_fn(spec, file_index), _PARTIAL_SCHEMA)
-    agg = (
-        partial.groupBy("kind", "word")
-        .agg(
-            F.sum("count").alias("count"),
-            F.max("count").alias("max"),
-            F.min(F.struct("file", "row", "rank")).alias("first"),
-        )
-        .persist()
-    )
-    # one job: the statistics rows, and all word rows folded into one row counting them
-    is_word = F.col("kind") == KIND_WORD
-    summary = agg.groupBy(
-        "kind", F.when(is_word, F.lit(b"")).otherwise(F.col("word")).alias("name")
-    ).agg(F.sum("count").alias("count"), F.max("max").alias("max"),
-          F.count(F.lit(1)).alias("rows")).collect()
-    t_count = time.time()
-    log.info("counted words in %.1f s", t_count - t0)
-    stats = {bytes(r["name"]).decode(): int(r["count"] if r["kind"] == KIND_STAT else r["max"])
-             for r in summary if r["kind"] != KIND_WORD}
-    unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
-    words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
-    layout = FirstSeenLayout.fit(len(files), stats.pop("max_row", 0), stats.pop("max_rank", 0))
-    if layout is not None:  # pack (file, row, rank): order-preserving, no global sort needed
-        table = words.select(
-            "word", "count",
-            (F.shiftleft(F.col("first.file").cast("long"), layout.row_bits + layout.rank_bits)
-             .bitwiseOR(F.shiftleft(F.col("first.row"), layout.rank_bits))
-             .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
-        )
-    else:  # too many files/rows for 63 bits: dense ranks of the first occurrence
-        table, _ = _dense_rank(words.orderBy("first").select("word", "count"))
-
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
-    table.write.parquet(fsutil.join(tmp, "data"))
-    agg.unpersist()
+    input_mb = _input_megabytes(spark, files)
+    if input_mb is not None and input_mb <= cfg.count_on_driver_max_mb:
+        # a small corpus: the tasks' partial counts come to the driver as Arrow and are merged
+        # there (no shuffle, aggregation or extra query plans to warm up in the JVM)
+        merged, stats = merge_partials(partial.toArrow(), len(files))
+        t_count = time.time()
+        log.info("counted words in %.1f s (%.0f MB of Parquet, merged on the driver)",
+                 t_count - t0, input_mb)
+        unique_words = merged.num_rows
+        _write_table(spark, merged, fsutil.join(tmp, "data"))
+    else:
+        stats, unique_words, t_count = _merge_with_spark(partial, len(files), tmp, t0)
     t_write = time.time()
     log.info("wrote the word table in %.1f s", t_write - t_count)
     stats["unique_words"] = unique_words

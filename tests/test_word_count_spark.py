@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
+from pipeline import word_count
 from pipeline.config import Config, ConfigError
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
 from pipeline.word_count import WORD_TABLE_SCHEMA, count_words
@@ -46,11 +47,14 @@ def mixed_corpus(tmp_path_factory):
 SPEC = PretokenizerSpec("cl100k", ("<|endoftext|>",))
 
 
+# count_on_driver_max_mb: 256 merges the tasks' partial counts on the driver (this corpus is
+# tiny), 0 forces the Spark aggregation
+@pytest.mark.parametrize("on_driver_mb", [256, 0])
 @pytest.mark.parametrize("partitions", [1, 3, 17])
-def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions):
+def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions, on_driver_mb):
     out = tmp_path / "words"
     cfg = Config(input=str(mixed_corpus), output=str(out), special_tokens=["<|endoftext|>"],
-                 num_partitions=partitions)
+                 num_partitions=partitions, count_on_driver_max_mb=on_driver_mb)
     count_words(spark, cfg)
     got = spark.read.parquet(str(out / "data"))
     expected, stats = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
@@ -62,19 +66,38 @@ def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions):
     assert saved["null_rows"] > 0 and saved["empty_rows"] > 0 and saved["special_tokens"] > 0
 
 
-def test_word_table_with_split_files(spark, mixed_corpus, tmp_path):
+@pytest.mark.parametrize("on_driver_mb", [256, 0])
+def test_word_table_with_split_files(spark, mixed_corpus, tmp_path, on_driver_mb):
     """Spark's own file splitting (row groups of one file in different tasks) changes nothing."""
     spark.conf.set("spark.sql.files.maxPartitionBytes", "4096")
     try:
         out = tmp_path / "words"
         count_words(spark, Config(input=str(mixed_corpus), output=str(out),
-                                  special_tokens=["<|endoftext|>"]))
+                                  special_tokens=["<|endoftext|>"],
+                                  count_on_driver_max_mb=on_driver_mb))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
     expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
                                   "text", SPEC)
     assert_df_equality(spark.read.parquet(str(out / "data")), expected, ignore_row_order=True,
                        ignore_nullable=True)
+
+
+@pytest.mark.parametrize("on_driver_mb", [256, 0])
+def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, tmp_path,
+                                                           monkeypatch, on_driver_mb):
+    """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order."""
+    expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
+                                  "text", SPEC)
+    order = [bytes(r["word"]) for r in expected.orderBy("first_seen").collect()]
+    monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+    out = tmp_path / "words"
+    count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                              special_tokens=["<|endoftext|>"],
+                              count_on_driver_max_mb=on_driver_mb))
+    got = spark.read.parquet(str(out / "data")).orderBy("first_seen").collect()
+    assert [r["first_seen"] for r in got] == list(range(len(order)))
+    assert [bytes(r["word"]) for r in got] == order
 
 
 def test_binary_column_with_invalid_utf8(spark, tmp_path):
