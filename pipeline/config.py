@@ -46,7 +46,7 @@ class Config:
     text_column: str = "text"
     words: str = ""  # an existing word table (skips the corpus scan)
     output: str = ""  # run directory (train) or word table directory (count_words)
-    count_on_driver_max_mb: int = 256  # inputs up to this much Parquet merge counts on the driver
+    count_on_driver_max_mb: int = 128  # inputs up to this much Parquet merge counts on the driver
     # -- pretokenization -------------------------------------------------------------------------
     pattern: str = "cl100k"  # gpt2 | cl100k | o200k | none | a custom regex
     special_tokens: list[str] = field(default_factory=list)

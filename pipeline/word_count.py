@@ -373,10 +373,20 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
     partial = src.mapInArrow(_count_partition_fn(spec, file_index), _PARTIAL_SCHEMA)
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
     input_mb = _input_megabytes(spark, files)
+    collected = None
     if input_mb is not None and input_mb <= cfg.count_on_driver_max_mb:
         # a small corpus: the tasks' partial counts come to the driver as Arrow and are merged
         # there (no shuffle, aggregation or extra query plans to warm up in the JVM)
-        merged, stats = merge_partials(partial.toArrow(), len(files))
+        try:
+            collected = partial.toArrow()
+        except Exception as exc:  # noqa: BLE001 - only a result too big for the driver
+            if "maxResultSize" not in str(exc) and "OutOfMemory" not in str(exc):
+                raise
+            log.warning("partial counts too big for the driver (%s); merging with Spark "
+                        "instead (lower count_on_driver_max_mb)", str(exc).splitlines()[0])
+    if collected is not None:
+        merged, stats = merge_partials(collected, len(files))
+        del collected
         t_count = time.time()
         log.info("counted words in %.1f s (%.0f MB of Parquet, merged on the driver)",
                  t_count - t0, input_mb)

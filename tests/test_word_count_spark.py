@@ -146,3 +146,19 @@ def test_count_job_exit_codes(tmp_path):
     bad = subprocess.run(env_cmd + ["--input", str(SAMPLE), "--output", str(tmp_path / "w"),
                                     "--pattern", "(unclosed"], capture_output=True, text=True)
     assert bad.returncode == 2 and "does not compile" in bad.stderr
+
+
+def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixed_corpus,
+                                                                      tmp_path, monkeypatch):
+    def too_big(self):
+        raise RuntimeError("Total size of serialized results is bigger than "
+                           "spark.driver.maxResultSize (1024.0 MiB)")
+
+    monkeypatch.setattr(type(spark.range(1)), "toArrow", too_big)
+    out = tmp_path / "words"
+    count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                              special_tokens=["<|endoftext|>"]))
+    expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
+                                  "text", SPEC)
+    assert_df_equality(spark.read.parquet(str(out / "data")), expected, ignore_row_order=True,
+                       ignore_nullable=True)
