@@ -1,9 +1,13 @@
 """Stage 1 (Spark): Parquet corpus -> word table ``(word, count, first_seen)``.
 
 Text reaches Python in Arrow batches (``mapInArrow``). Each task counts the words of its rows
-per input file and remembers each word's first occurrence as (file index, row, rank in row);
-Spark sums the counts and takes the minimum key per word; a sort by that key then gives the
-dense ``first_seen`` rank. The result does not depend on partitioning (DESIGN.md section 1).
+per input file and remembers each word's first occurrence as (file index, row, index of the
+word's first match in the row). The partial counts are then merged: counts summed, the smallest
+key kept per word, and the key packed into an order-preserving int64 ``first_seen`` (or, when it
+needs more than 63 bits, replaced by its dense rank). A Spark aggregation does the merge; for an
+input of at most ``count_on_driver_max_mb`` the partials come to the driver as Arrow and numpy
+merges them instead, which avoids a shuffle and most of a fresh JVM's warm-up. Either way the
+word table does not depend on partitioning (DESIGN.md section 1).
 """
 
 from __future__ import annotations
@@ -259,8 +263,10 @@ def merge_partials(partial: pa.Table, n_files: int) -> tuple[pa.Table, dict[str,
     for k, name, value in zip(side.column("kind").to_pylist(), side.column("word").to_pylist(),
                               side.column("count").to_pylist()):
         key = bytes(name).decode()
-        stats[key] = stats.get(key, 0) + value if k == KIND_STAT else max(stats.get(key, 0),
-                                                                             value)
+        if k == KIND_STAT:  # summed over tasks
+            stats[key] = stats.get(key, 0) + value
+        else:  # KIND_MAX: the largest over tasks
+            stats[key] = max(stats.get(key, 0), value)
     words = partial.filter(pa.array(kind == KIND_WORD))
     ids = pc.dictionary_encode(words.column("word").combine_chunks())  # one dictionary
     word_id = ids.indices.to_numpy(zero_copy_only=False).astype(np.int64)
