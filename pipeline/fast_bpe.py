@@ -4,11 +4,12 @@ Layout (DESIGN.md section 3): all distinct words end to end in first-seen order 
 array; ``tok[i]`` is the token that starts at position i (-1 if i is inside a longer token),
 ``nxt``/``prv`` link the token starts of a word. A pair's tie key is its smallest live position.
 
-Every occurrence of a pair containing token t is created by the merge that creates t, so the
-positions of each pair are written once, already sorted, into an append-only store; entries go
-stale when a later merge destroys the occurrence and are skipped on read. Pair counts are exact
-(a dict updated with grouped deltas); the heap holds (count upper bound, position lower bound)
-and is fixed lazily when an entry reaches the top.
+Every occurrence of a pair containing token t is created by the merge that creates t, so each
+pair is registered once: it gets a dense id, and its positions are written, already sorted, into
+an append-only buffer. ``pid[p]`` is the id of the pair starting at position p now, so a stored
+position is live exactly when it still carries the pair's id; dead entries are skipped on read.
+Pair counts are exact (a numpy array lowered with one vectorized call per merge); the heap holds
+(count upper bound, position lower bound, id) and is fixed lazily when an entry reaches the top.
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ SMALL = 12  # pairs with at most this many stored positions are merged in plain 
 
 def pair_key(a: int, b: int) -> int:
     return (a << 32) | b
-
-
-def split_key(key: int) -> tuple[int, int]:
-    return key >> 32, key & 0xFFFFFFFF
 
 
 def group_sum(
