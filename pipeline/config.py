@@ -33,6 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "default.toml"
 ENGINES = ("auto", "spark", "local")
 RESUME_MODES = ("auto", "never")
+SPARK_UI_MODES = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -75,6 +76,7 @@ class Config:
     shuffle_partitions: int = 0  # 0 = 2 x default parallelism
     log_level: str = "INFO"
     progress_bar: bool = True  # only when stderr is a terminal
+    spark_ui: str = "auto"  # web UI: auto (on for cluster masters, off in local modes) | on | off
     report_sample_rows: int = 200  # rows held out for the report's compression curve
     report_sample: str = ""  # Parquet of held-out text for report.html (default: input rows)
     # -- encoding (jobs/encode.py) ---------------------------------------------------------------
@@ -266,6 +268,8 @@ def validate(cfg: Config, job: str) -> Config:
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
     need(cfg.lineage_every_rounds >= 1, "config key 'lineage_every_rounds' must be >= 1")
     need(cfg.count_on_driver_max_mb >= 0, "config key 'count_on_driver_max_mb' must be >= 0")
+    need(cfg.spark_ui in SPARK_UI_MODES,
+         f"config key 'spark_ui' must be one of {SPARK_UI_MODES}, not {cfg.spark_ui!r}")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
     need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
     if job == "train":

@@ -58,3 +58,14 @@ def test_unknown_key_in_file(tmp_path):
 def test_input_xor_words():
     with pytest.raises(ConfigError, match="exactly one"):
         validate(cfg("--words", "data/sample", "--input", "data/sample"), "train")
+
+
+def test_web_ui_defaults_to_on_for_clusters_only():
+    from pipeline.spark_session import web_ui_enabled
+
+    assert not web_ui_enabled("auto", "local[2]")
+    assert not web_ui_enabled("auto", "local-cluster[2,1,1024]")
+    assert web_ui_enabled("auto", "spark://127.0.0.1:7077") and web_ui_enabled("auto", "yarn")
+    assert web_ui_enabled("on", "local[*]") and not web_ui_enabled("off", "yarn")
+    with pytest.raises(ConfigError, match="spark_ui"):
+        validate(cfg("--spark-ui", "maybe"), "train")
