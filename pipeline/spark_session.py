@@ -15,7 +15,8 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
 
     The web UI follows ``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local
-    modes, where starting it costs about 1.5 s per job (``--conf spark.ui.enabled=...`` wins).
+    modes, where starting it costs about 1.5 s per job. Under spark-submit without the job's own
+    ``--master``, an explicit ``--conf spark.ui.enabled=...`` wins.
 
     With ``SPARK_LOCAL_IP=127.0.0.1`` (tests, CI, the quick start) the driver binds to loopback.
     """

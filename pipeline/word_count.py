@@ -171,9 +171,8 @@ def _word_batch(fidx: int, wc: WordCounter) -> pa.RecordBatch:
     )
 
 
-def _dense_rank(sorted_df: DataFrame) -> tuple[DataFrame, int]:
-    """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order; also
-    returns the number of rows.
+def _dense_rank(sorted_df: DataFrame) -> DataFrame:
+    """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order.
 
     The sorted frame is cached first so both passes see the same partitions (adaptive
     execution may otherwise cut the sort output differently in each job)."""
@@ -211,7 +210,7 @@ def _dense_rank(sorted_df: DataFrame) -> tuple[DataFrame, int]:
             )
             i += n
 
-    return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA), acc
+    return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA)
 
 
 def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
@@ -248,7 +247,7 @@ def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
              .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
         )
     else:  # too many files/rows for 63 bits: dense ranks of the first occurrence
-        table, _ = _dense_rank(words.orderBy("first").select("word", "count"))
+        table = _dense_rank(words.orderBy("first").select("word", "count"))
     table.write.parquet(fsutil.join(tmp, "data"))
     agg.unpersist()
     return stats, unique_words, t_count
