@@ -34,6 +34,7 @@ DEFAULT_CONFIG = REPO_ROOT / "conf" / "default.toml"
 ENGINES = ("auto", "spark", "local")
 RESUME_MODES = ("auto", "never")
 SPARK_UI_MODES = ("auto", "on", "off")
+COUNT_READERS = ("auto", "spark", "arrow")
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,7 @@ class Config:
     words: str = ""  # an existing word table (skips the corpus scan)
     output: str = ""  # run directory (train) or word table directory (count_words)
     count_on_driver_max_mb: int = 128  # inputs up to this much Parquet merge counts on the driver
+    count_reader: str = "auto"  # auto (local files: pyarrow in the tasks) | spark | arrow
     # -- pretokenization -------------------------------------------------------------------------
     pattern: str = "cl100k"  # gpt2 | cl100k | o200k | none | a custom regex
     special_tokens: list[str] = field(default_factory=list)
@@ -268,6 +270,8 @@ def validate(cfg: Config, job: str) -> Config:
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
     need(cfg.lineage_every_rounds >= 1, "config key 'lineage_every_rounds' must be >= 1")
     need(cfg.count_on_driver_max_mb >= 0, "config key 'count_on_driver_max_mb' must be >= 0")
+    need(cfg.count_reader in COUNT_READERS,
+         f"config key 'count_reader' must be one of {COUNT_READERS}, not {cfg.count_reader!r}")
     need(cfg.spark_ui in SPARK_UI_MODES,
          f"config key 'spark_ui' must be one of {SPARK_UI_MODES}, not {cfg.spark_ui!r}")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")

@@ -13,13 +13,14 @@ word table does not depend on partitioning (DESIGN.md section 1).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
@@ -94,7 +95,43 @@ def read_corpus(spark: SparkSession, path: str, text_column: str) -> tuple[DataF
     return df, files
 
 
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+               pa.types.is_large_binary)
+
+
+def list_local_corpus(path: str, text_column: str) -> list[str] | None:
+    """The files of a local corpus listed without the JVM (as :func:`read_corpus` lists them),
+    when that is unambiguous: one Parquet file, or a directory that holds only files (names
+    starting with ``_`` or ``.`` skipped, as Spark does). None lets Spark list and validate:
+    globs, nested or partitioned directories, other filesystems, a file pyarrow cannot open,
+    a missing column or one that is not text."""
+    if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
+        return None
+    local = os.path.abspath(fsutil.local_path(path))
+    if os.path.isfile(local):
+        candidates = [local]
+    elif os.path.isdir(local):
+        entries = [e for e in os.scandir(local) if not e.name.startswith(("_", "."))]
+        if not entries or not all(e.is_file() for e in entries):
+            return None
+        candidates = [e.path for e in entries]
+    else:
+        return None
+    for f in candidates:
+        try:
+            schema = pq.read_schema(f)
+        except Exception:  # noqa: BLE001 - Spark's reader gives the error message
+            return None
+        i = schema.get_field_index(text_column)
+        if i < 0 or not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
+            return None
+    return sorted(normalize_path("file://" + f) for f in candidates)
+
+
 def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
+    """The Spark-reader task: rows arrive from Spark's Parquet scan as Arrow batches of
+    (text, path, row index)."""
+
     def count_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pre = Pretokenizer(spec)
         counters: dict[int, WordCounter] = {}
@@ -109,37 +146,107 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
                 fidx = file_index[normalize_path(paths[start].as_py())]
                 wc = counters.get(fidx)
                 if wc is None:
-                    wc = counters[fidx] = WordCounter(pre)
+                    wc = counters[fidx] = WordCounter(pre, fidx)
                 add = wc.add_row
                 for i in range(start, end):
                     add(rows[i], texts[i])
                 start = end
-        total = RowStats()
-        maxima = {"max_row": 0, "max_rank": 0}
-        for fidx, wc in counters.items():
-            if wc.counts:
-                yield _word_batch(fidx, wc)
-            for k, v in wc.stats.as_dict().items():
-                setattr(total, k, getattr(total, k) + v)
-            maxima["max_row"] = max(maxima["max_row"], wc.max_row)
-            maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
-        stats = total.as_dict()
-        kinds = [KIND_STAT] * len(stats) + [KIND_MAX] * len(maxima)
-        names = list(stats) + list(maxima)
-        values = list(stats.values()) + list(maxima.values())
-        n = len(names)
-        yield pa.RecordBatch.from_pydict(
-            {
-                "kind": pa.array(kinds, pa.int8()),
-                "word": pa.array([k.encode() for k in names], pa.binary()),
-                "count": pa.array(values, pa.int64()),
-                "file": pa.array([0] * n, pa.int32()),
-                "row": pa.array([0] * n, pa.int64()),
-                "rank": pa.array([0] * n, pa.int32()),
-            }
-        )
+        yield from _partial_batches(counters.values())
 
     return count_partition
+
+
+@dataclass(frozen=True)
+class ReadSlice:
+    """Consecutive row groups of one local Parquet file, read in a task with pyarrow."""
+
+    file_index: int
+    path: str  # a local path
+    row_groups: tuple[int, ...]
+    first_row: int  # index in the file of the first row of the first row group
+    nbytes: int
+
+
+def plan_slices(files: list[str], text_column: str, tasks: int) -> list[list[ReadSlice]] | None:
+    """Row groups of local ``files`` dealt to ``tasks`` tasks of about equal size (largest
+    first, each to the least loaded task), each task's slices in corpus order. None when a file
+    lacks ``text_column`` as a top-level column (Spark's reader then handles it, e.g. with
+    nulls for files that miss the column)."""
+    slices: list[ReadSlice] = []
+    for fidx, f in enumerate(files):
+        path = fsutil.local_path(f)
+        meta = pq.ParquetFile(path).metadata
+        if text_column not in meta.schema.to_arrow_schema().names:
+            return None
+        first = 0
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            slices.append(ReadSlice(fidx, path, (rg,), first, group.total_byte_size))
+            first += group.num_rows
+    n = max(1, min(tasks, len(slices)))
+    loads = [(0, t) for t in range(n)]
+    plan: list[list[ReadSlice]] = [[] for _ in range(n)]
+    for s in sorted(slices, key=lambda s: (-s.nbytes, s.file_index, s.first_row)):
+        load, t = heapq.heappop(loads)
+        plan[t].append(s)
+        heapq.heappush(loads, (load + s.nbytes, t))
+    for task in plan:
+        task.sort(key=lambda s: (s.file_index, s.first_row))
+    return plan
+
+
+def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice]
+                  ) -> Iterator[pa.RecordBatch]:
+    """The Arrow-reader task: read these row groups with pyarrow and count their words."""
+    wc = WordCounter(Pretokenizer(spec))  # one counter: the slices come in corpus order
+    add = wc.add_row
+    for s in slices:
+        wc.file_index = s.file_index
+        row = s.first_row
+        parquet = pq.ParquetFile(s.path)
+        for batch in parquet.iter_batches(batch_size=4096, row_groups=list(s.row_groups),
+                                          columns=[text_column], use_threads=False):
+            for text in batch.column(0).to_pylist():
+                add(row, text)
+                row += 1
+    yield from _partial_batches([wc])
+
+
+PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
+                                  ("count", pa.int64()), ("file", pa.int32()),
+                                  ("row", pa.int64()), ("rank", pa.int32())])
+
+
+def _arrow_ipc(batches: Iterator[pa.RecordBatch]) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, PARTIAL_ARROW_SCHEMA) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def _partial_batches(counters: Iterable[WordCounter]) -> Iterator[pa.RecordBatch]:
+    """A task's output: each file's words, then one batch of summed and maximal statistics."""
+    total = RowStats()
+    maxima = {"max_row": 0, "max_rank": 0}
+    for wc in counters:
+        if wc.counts:
+            yield _word_batch(wc)
+        for k, v in wc.stats.as_dict().items():
+            setattr(total, k, getattr(total, k) + v)
+        maxima["max_row"] = max(maxima["max_row"], wc.max_row)
+        maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
+    stats = total.as_dict()
+    kinds = [KIND_STAT] * len(stats) + [KIND_MAX] * len(maxima)
+    names = list(stats) + list(maxima)
+    values = list(stats.values()) + list(maxima.values())
+    n = len(names)
+    yield pa.RecordBatch.from_arrays(
+        [pa.array(kinds, pa.int8()), pa.array([k.encode() for k in names], pa.binary()),
+         pa.array(values, pa.int64()), pa.array([0] * n, pa.int32()),
+         pa.array([0] * n, pa.int64()), pa.array([0] * n, pa.int32())],
+        schema=PARTIAL_ARROW_SCHEMA,
+    )
 
 
 def _run_ends(values: pa.Array) -> list[int]:
@@ -150,10 +257,9 @@ def _run_ends(values: pa.Array) -> list[int]:
     return ree.run_ends.to_pylist()
 
 
-def _word_batch(fidx: int, wc: WordCounter) -> pa.RecordBatch:
+def _word_batch(wc: WordCounter) -> pa.RecordBatch:
     words = list(wc.counts)
     n = len(words)
-    rows, ranks = zip(*map(wc.first.__getitem__, words))
     if wc.stats.invalid_utf8_rows:  # lone surrogates stand for raw bytes: encode in Python
         word_col = pa.array([w.encode("utf-8", "surrogateescape") for w in words], pa.binary())
     else:  # Arrow encodes the UTF-8 in C; a string buffer is already the binary layout
@@ -163,11 +269,11 @@ def _word_batch(fidx: int, wc: WordCounter) -> pa.RecordBatch:
             pa.array(np.full(n, KIND_WORD, dtype=np.int8)),
             word_col,
             pa.array(list(wc.counts.values()), pa.int64()),
-            pa.array(np.full(n, fidx, dtype=np.int32)),
-            pa.array(rows, pa.int64()),
-            pa.array(ranks, pa.int32()),
+            pa.array(wc.first_file, pa.int32()),
+            pa.array(wc.first_row, pa.int64()),
+            pa.array(wc.first_rank, pa.int32()),
         ],
-        names=["kind", "word", "count", "file", "row", "rank"],
+        schema=PARTIAL_ARROW_SCHEMA,
     )
 
 
@@ -354,6 +460,75 @@ def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thre
     return thread
 
 
+def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str]
+                ) -> list[list[ReadSlice]] | None:
+    """The tasks of the Arrow reader, or None to let Spark's Parquet scan feed the tasks.
+
+    ``count_reader = auto`` reads local files with pyarrow inside the tasks: the JVM then only
+    schedules them, instead of decoding Parquet and converting rows to Arrow (work a fresh JVM
+    does slowly until its JIT has warmed up). Other filesystems go through Spark."""
+    if cfg.count_reader == "spark":
+        return None
+    local = all(fsutil.is_local(f) for f in files)
+    if not local:
+        if cfg.count_reader == "arrow":
+            raise ConfigError("config key 'count_reader' = 'arrow' reads local files only; "
+                              f"{cfg.input} is not local: use 'auto' or 'spark'")
+        return None
+    tasks = cfg.num_partitions or 2 * spark.sparkContext.defaultParallelism
+    plan = plan_slices(files, cfg.text_column, tasks)
+    if plan is None and cfg.count_reader == "arrow":
+        raise ConfigError(f"config key 'count_reader' = 'arrow': some files under {cfg.input} "
+                          f"have no top-level column {cfg.text_column!r}; use 'spark'")
+    return plan
+
+
+def _partial_frame(spark: SparkSession, df: DataFrame | None, cfg: Config, spec: PretokenizerSpec,
+                   files: list[str], plan: list[list[ReadSlice]] | None) -> DataFrame:
+    """The tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``)."""
+    if plan is not None:  # one row per task: task i reads plan[i]
+        text_column = cfg.text_column
+
+        def count_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for b in batches:
+                for i in b.column(0).to_pylist():
+                    yield from _count_slices(spec, text_column, plan[i])
+
+        n = len(plan)
+        return spark.range(0, n, 1, n).mapInArrow(count_tasks, _PARTIAL_SCHEMA)
+    assert df is not None
+    file_index = {f: i for i, f in enumerate(files)}
+    src = df.select(
+        F.col(cfg.text_column).alias("text"),
+        F.col("_metadata.file_path").alias("path"),
+        F.col("_metadata.row_index").alias("row"),
+    )
+    if cfg.num_partitions:
+        # keep each file's rows in order inside a partition: repartition by file, sort rows
+        src = src.repartition(cfg.num_partitions, "path").sortWithinPartitions("path", "row")
+    return src.mapInArrow(_count_partition_fn(spec, file_index), _PARTIAL_SCHEMA)
+
+
+def _collect_partials(spark: SparkSession, df: DataFrame | None, cfg: Config,
+                      spec: PretokenizerSpec,
+                      files: list[str], plan: list[list[ReadSlice]] | None) -> pa.Table:
+    """The tasks' partial counts on the driver. With the Arrow reader each task returns one
+    Arrow IPC stream as bytes, which the JVM passes through untouched."""
+    if plan is None:
+        return _partial_frame(spark, df, cfg, spec, files, plan).toArrow()
+    text_column = cfg.text_column
+
+    def count_task(ids: Iterator[int]) -> Iterator[bytes]:
+        for i in ids:
+            yield _arrow_ipc(_count_slices(spec, text_column, plan[i]))
+
+    n = len(plan)
+    blobs = spark.sparkContext.parallelize(range(n), n).mapPartitions(count_task).collect()
+    return pa.Table.from_batches(
+        [b for blob in blobs for b in pa.ipc.open_stream(blob)], schema=PARTIAL_ARROW_SCHEMA
+    )
+
+
 def count_words(spark: SparkSession, cfg: Config) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically."""
     t0 = time.time()
@@ -365,25 +540,22 @@ def count_words(spark: SparkSession, cfg: Config) -> WordTable:
 
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) -> WordTable:
-    df, files = read_corpus(spark, cfg.input, cfg.text_column)
-    file_index = {f: i for i, f in enumerate(files)}
-    src = df.select(
-        F.col(cfg.text_column).alias("text"),
-        F.col("_metadata.file_path").alias("path"),
-        F.col("_metadata.row_index").alias("row"),
-    )
-    if cfg.num_partitions:
-        # keep each file's rows in order inside a partition: repartition by file, sort rows
-        src = src.repartition(cfg.num_partitions, "path").sortWithinPartitions("path", "row")
-    partial = src.mapInArrow(_count_partition_fn(spec, file_index), _PARTIAL_SCHEMA)
+    df = None
+    files = None if cfg.count_reader == "spark" else list_local_corpus(cfg.input, cfg.text_column)
+    if files is None:
+        df, files = read_corpus(spark, cfg.input, cfg.text_column)
+    plan = _arrow_plan(spark, cfg, files)
+    if plan is None and df is None:
+        df, files = read_corpus(spark, cfg.input, cfg.text_column)
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
     input_mb = _input_megabytes(spark, files)
+    reader = "pyarrow in the tasks" if plan is not None else "Spark's Parquet scan"
     collected = None
     if input_mb is not None and input_mb <= cfg.count_on_driver_max_mb:
         # a small corpus: the tasks' partial counts come to the driver as Arrow and are merged
         # there (no shuffle, aggregation or extra query plans to warm up in the JVM)
         try:
-            collected = partial.toArrow()
+            collected = _collect_partials(spark, df, cfg, spec, files, plan)
         except Exception as exc:  # noqa: BLE001 - only a result too big for the driver
             if "maxResultSize" not in str(exc) and "OutOfMemory" not in str(exc):
                 raise
@@ -393,11 +565,12 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
         merged, stats = merge_partials(collected, len(files))
         del collected
         t_count = time.time()
-        log.info("counted words in %.1f s (%.0f MB of Parquet, merged on the driver)",
-                 t_count - t0, input_mb)
+        log.info("counted words in %.1f s (%.0f MB of Parquet read by %s, merged on the "
+                 "driver)", t_count - t0, input_mb, reader)
         unique_words = merged.num_rows
         _write_table(spark, merged, fsutil.join(tmp, "data"))
     else:
+        partial = _partial_frame(spark, df, cfg, spec, files, plan)
         stats, unique_words, t_count = _merge_with_spark(partial, len(files), tmp, t0)
     t_write = time.time()
     log.info("wrote the word table in %.1f s", t_write - t_count)

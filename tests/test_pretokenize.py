@@ -8,10 +8,17 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, WordCounter
+from pipeline.pretokenize import (
+    ASCII_PATTERNS,
+    PATTERNS,
+    Pretokenizer,
+    PretokenizerSpec,
+    WordCounter,
+)
 
 
 def tiktoken_source_patterns() -> dict[str, str]:
@@ -99,3 +106,40 @@ def test_word_counter_matches_a_naive_scan(rows, extra):
     assert sorted(wc.first, key=wc.first.__getitem__) == list(order)
     assert wc.stats.words == sum(counts.values())
     assert wc.stats.special_tokens == specials
+
+
+# characters where the patterns' classes differ: \x1c-\x1f are str.isspace() but not \s in
+# ``regex``; "/" ends o200k punctuation runs; "'" starts contractions in either case
+_ASCII_PIECES = ["a", "Z", "s", "S", "t", "LL", "ve", "Re", "'", "0", "12345", " ", "  ", "\t",
+                 "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1f", "/", "!?", "_", "-",
+                 "\x00", "\x7f", ".", "'s", "'T", "ab12", "\n\n"]
+# non-ASCII letters (Lu, Ll, Lt, Lm, Lo), marks, digits, spaces and line breaks
+_WIDE_PIECES = ["é", "Ǆ", "ǅ", "ʰ", "日本", "\u0301", "٣", "Ⅻ", "\u00a0", "\u2028", "\x85",
+                "\u3000", "ſ", "K", "😀"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_ASCII_PIECES), max_size=40).map("".join),
+       st.sampled_from(sorted(ASCII_PATTERNS)))
+def test_ascii_translations_equal_the_patterns_on_ascii_text(text, name):
+    import re
+
+    assert re.findall(ASCII_PATTERNS[name], text) == regex.findall(PATTERNS[name], text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(st.characters(max_codepoint=127), max_size=60),
+       st.sampled_from(sorted(ASCII_PATTERNS)))
+def test_ascii_translations_on_any_ascii(text, name):
+    import re
+
+    assert re.findall(ASCII_PATTERNS[name], text) == regex.findall(PATTERNS[name], text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_ASCII_PIECES + _WIDE_PIECES), max_size=40).map("".join),
+       st.sampled_from(sorted(ASCII_PATTERNS)))
+def test_fast_split_equals_the_regex_package_on_mixed_text(text, name):
+    """Rows with non-ASCII text: line cuts (cl100k, o200k) and the ASCII fast path change no
+    word."""
+    assert Pretokenizer(PretokenizerSpec(name)).words(text) == regex.findall(PATTERNS[name], text)

@@ -48,13 +48,16 @@ SPEC = PretokenizerSpec("cl100k", ("<|endoftext|>",))
 
 
 # count_on_driver_max_mb: 256 merges the tasks' partial counts on the driver (this corpus is
-# tiny), 0 forces the Spark aggregation
+# tiny), 0 forces the Spark aggregation; count_reader: pyarrow in the tasks, or Spark's scan
+@pytest.mark.parametrize("reader", ["arrow", "spark"])
 @pytest.mark.parametrize("on_driver_mb", [256, 0])
 @pytest.mark.parametrize("partitions", [1, 3, 17])
-def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions, on_driver_mb):
+def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions, on_driver_mb,
+                                     reader):
     out = tmp_path / "words"
     cfg = Config(input=str(mixed_corpus), output=str(out), special_tokens=["<|endoftext|>"],
-                 num_partitions=partitions, count_on_driver_max_mb=on_driver_mb)
+                 num_partitions=partitions, count_on_driver_max_mb=on_driver_mb,
+                 count_reader=reader)
     count_words(spark, cfg)
     got = spark.read.parquet(str(out / "data"))
     expected, stats = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
@@ -83,9 +86,9 @@ def test_word_table_with_split_files(spark, mixed_corpus, tmp_path, on_driver_mb
                        ignore_nullable=True)
 
 
-@pytest.mark.parametrize("on_driver_mb", [256, 0])
+@pytest.mark.parametrize(("on_driver_mb", "reader"), [(256, "arrow"), (0, "arrow"), (0, "spark")])
 def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, tmp_path,
-                                                           monkeypatch, on_driver_mb):
+                                                           monkeypatch, on_driver_mb, reader):
     """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order."""
     expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
                                   "text", SPEC)
@@ -94,19 +97,21 @@ def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, 
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"],
-                              count_on_driver_max_mb=on_driver_mb))
+                              count_on_driver_max_mb=on_driver_mb, count_reader=reader))
     got = spark.read.parquet(str(out / "data")).orderBy("first_seen").collect()
     assert [r["first_seen"] for r in got] == list(range(len(order)))
     assert [bytes(r["word"]) for r in got] == order
 
 
-def test_binary_column_with_invalid_utf8(spark, tmp_path):
+@pytest.mark.parametrize("reader", ["arrow", "spark"])
+def test_binary_column_with_invalid_utf8(spark, tmp_path, reader):
     src = tmp_path / "bin"
     src.mkdir()
     values = [b"hello world", b"caf\xc3\xa9 \xff\xfe broken", None, b"", b"hello again \xff"]
     pq.write_table(pa.table({"body": pa.array(values, pa.binary())}), src / "a.parquet")
     out = tmp_path / "words"
-    count_words(spark, Config(input=str(src), output=str(out), text_column="body"))
+    count_words(spark, Config(input=str(src), output=str(out), text_column="body",
+                              count_reader=reader))
     stats = json.loads((out / "stats.json").read_text())
     assert stats["invalid_utf8_rows"] == 2 and stats["null_rows"] == 1 and stats["empty_rows"] == 1
     words = {bytes(r["word"]): r["count"] for r in spark.read.parquet(str(out / "data")).collect()}
@@ -150,11 +155,11 @@ def test_count_job_exit_codes(tmp_path):
 
 def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixed_corpus,
                                                                       tmp_path, monkeypatch):
-    def too_big(self):
+    def too_big(*args):
         raise RuntimeError("Total size of serialized results is bigger than "
                            "spark.driver.maxResultSize (1024.0 MiB)")
 
-    monkeypatch.setattr(type(spark.range(1)), "toArrow", too_big)
+    monkeypatch.setattr(word_count, "_collect_partials", too_big)
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"]))
@@ -162,3 +167,37 @@ def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixe
                                   "text", SPEC)
     assert_df_equality(spark.read.parquet(str(out / "data")), expected, ignore_row_order=True,
                        ignore_nullable=True)
+
+
+def test_local_listing_matches_sparks(spark, mixed_corpus, tmp_path):
+    """Listing a local corpus without the JVM gives Spark's file list, and hands everything it
+    cannot list exactly (globs, nested directories, bad files or columns) back to Spark."""
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for p in mixed_corpus.glob("*.parquet"):
+        (d / p.name).write_bytes(p.read_bytes())
+    (d / "_README.md").write_text("not data")
+    (d / ".part.crc").write_bytes(b"x")
+    _, spark_files = word_count.read_corpus(spark, str(d), "text")
+    assert word_count.list_local_corpus(str(d), "text") == spark_files
+    assert word_count.list_local_corpus(f"file://{d}", "text") == spark_files
+    one = sorted(d.glob("*.parquet"))[0]
+    assert word_count.list_local_corpus(str(one), "text") == [f"file://{one}"]
+    assert word_count.list_local_corpus(str(d / "*.parquet"), "text") is None  # glob
+    assert word_count.list_local_corpus(str(d), "body") is None  # no such column
+    assert word_count.list_local_corpus(str(tmp_path / "missing"), "text") is None
+    (d / "sub").mkdir()
+    assert word_count.list_local_corpus(str(d), "text") is None  # nested: Spark decides
+
+
+def test_arrow_reader_errors(spark, tmp_path):
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(pa.table({"text": ["a b"]}), tmp_path / "mixed" / "a.parquet")
+    pq.write_table(pa.table({"other": ["c d"]}), tmp_path / "mixed" / "b.parquet")
+    with pytest.raises(ConfigError, match="count_reader"):
+        count_words(spark, Config(input=str(tmp_path / "mixed"), output=str(tmp_path / "o"),
+                                  count_reader="arrow"))
+    # auto leaves such a corpus to Spark's reader: the file without the column gives nulls
+    count_words(spark, Config(input=str(tmp_path / "mixed"), output=str(tmp_path / "o")))
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert stats["rows"] == 2 and stats["null_rows"] == 1
