@@ -93,7 +93,12 @@ class TrainedTokenizer:
 
     @property
     def vocab(self) -> list[bytes]:
-        return vocab_bytes(self.base, self.merges)
+        """Token bytes by id (cached while the merge list keeps its length)."""
+        cached = self.__dict__.get("_vocab")
+        if cached is None or cached[0] != len(self.merges):
+            cached = self.__dict__["_vocab"] = (len(self.merges),
+                                                vocab_bytes(self.base, self.merges))
+        return cached[1]
 
     def special_ids(self) -> dict[str, int]:
         n = self.base.size + len(self.merges)

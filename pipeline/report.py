@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline import fsutil
-from pipeline.bpe import BaseVocab
+from pipeline.bpe import BaseVocab, Merge
 from pipeline.encoder import Tokenizer
-from pipeline.fast_bpe import LocalTrainer
 from pipeline.outputs import TrainedTokenizer, export_notes
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row, word_bytes
 
@@ -97,18 +96,56 @@ def measure_sample(tok: TrainedTokenizer, texts: Sequence[str | bytes], label: s
     curve: list[tuple[int, float]] = []
     hist: dict[int, int] = {}
     if len(words):
-        lt = LocalTrainer(flat, lengths, weights, tok.base.tokens)
-        lt.replay(tok.merges)
-        left = int(np.dot(lengths, weights)) - np.concatenate(
-            [[0], np.cumsum(np.asarray(lt.removed, dtype=np.int64))])
+        removed, final, per_word = merge_ranks_applied(flat, lengths, weights, tok.merges)
+        left = int(np.dot(lengths, weights)) - np.concatenate([[0], np.cumsum(removed)])
         curve = [(k, total_bytes / int(left[k])) for k in _downsample(len(tok.merges))]
-        final, _, per_word = lt.state.current()
         w = np.repeat(weights, per_word)
         lens = np.minimum(tok_len[np.minimum(final, len(tok_len) - 1)], LONG_TOKEN)
         hist = {int(k): int(v) for k, v in enumerate(np.bincount(lens, weights=w)) if v}
     stats = SampleStats(label, rows, total_bytes, curve, hist, held_out=held_out)
     stats.examples = examples(tok, texts)
     return stats
+
+
+def merge_ranks_applied(flat: np.ndarray, lengths: np.ndarray, weights: np.ndarray,
+                        merges: Sequence[Merge]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Encode each distinct word by always merging its lowest-ranked pair (leftmost on a tie),
+    as tiktoken does. Returns the tokens each merge removes from the weighted words (the same
+    numbers a replay of the merge list in order gives: a merge only creates pairs of higher
+    rank, so the ranks applied to a word never decrease, and the first k merges do exactly
+    the steps of rank below k), and the final tokens with the number per word."""
+    rank_of = {(m.left, m.right): (k, m.new_id) for k, m in enumerate(merges)}
+    removed = np.zeros(len(merges), dtype=np.int64)
+    ranks: list[int] = []
+    counts: list[int] = []
+    final: list[int] = []
+    per_word: list[int] = []
+    ends = np.cumsum(lengths).tolist()
+    symbols = flat.tolist()
+    start = 0
+    get = rank_of.get
+    for end, c in zip(ends, weights.tolist()):
+        toks = symbols[start:end]
+        start = end
+        applied = 0
+        while len(toks) > 1:
+            best = None
+            at = 0
+            for i in range(len(toks) - 1):
+                r = get((toks[i], toks[i + 1]))
+                if r is not None and (best is None or r[0] < best[0]):
+                    best, at = r, i
+            if best is None:
+                break
+            toks[at:at + 2] = [best[1]]
+            ranks.append(best[0])
+            applied += 1
+        counts += [c] * applied
+        final += toks
+        per_word.append(len(toks))
+    np.add.at(removed, np.asarray(ranks, dtype=np.int64), np.asarray(counts, dtype=np.int64))
+    return (removed, np.asarray(final, dtype=np.int64),
+            np.asarray(per_word, dtype=np.int64))
 
 
 def _symbols(base: BaseVocab, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -454,7 +491,10 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
         return [], "", False
     # a bounded read whatever the corpus size: the first rows of up to SAMPLE_FILES files
     # spread over the input (in path order)
-    files = sorted(spark.read.parquet(path).inputFiles())
+    from pipeline.word_count import list_local_corpus
+
+    files = list_local_corpus(path, cfg.text_column) or sorted(
+        spark.read.parquet(path).inputFiles())
     picked = files[:: max(1, len(files) // SAMPLE_FILES)][:SAMPLE_FILES]
     n = cfg.report_sample_rows
     per_file = -(-n // max(len(picked), 1))

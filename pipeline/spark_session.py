@@ -4,15 +4,65 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+from collections.abc import Callable
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipeline.config import Config
 
 
-def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None
-                  ) -> SparkSession:
+class SessionStarting:
+    """A SparkSession being created in a background thread. Its SparkContext is ready at once
+    (RDD jobs can run); everything else waits for the session.
+
+    Creating the session takes seconds in a fresh JVM (Spark 4 loads its SQL extensions, the ML
+    functions among them, through Scala reflection). A job that starts with RDD work, like the
+    word count with the Arrow reader, overlaps the two."""
+
+    def __init__(self, builder: SparkSession.Builder, sc: SparkContext,
+                 after: Callable[[SparkSession], None]) -> None:
+        self.sparkContext = sc
+        self._session: SparkSession | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._create, args=(builder, after),
+                                        name="spark-bpe-session", daemon=True)
+        self._thread.start()
+
+    def _create(self, builder: SparkSession.Builder,
+                after: Callable[[SparkSession], None]) -> None:
+        try:
+            session = builder.getOrCreate()
+            after(session)
+            self._session = session
+        except BaseException as exc:  # noqa: BLE001 - re-raised where the session is used
+            self._error = exc
+
+    def session(self) -> SparkSession:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._session is not None
+        return self._session
+
+    def __getattr__(self, name: str):  # anything but sparkContext: the session's
+        return getattr(self.session(), name)
+
+    def stop(self) -> None:
+        self._thread.join()
+        if self._session is not None:
+            self._session.stop()
+        else:
+            self.sparkContext.stop()
+
+
+def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None,
+                  background: bool = False) -> SparkSession:
     """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
+
+    ``background``: start the SparkContext now and return a :class:`SessionStarting` whose
+    session is created in a background thread (it stands in for the session).
 
     The web UI follows ``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local
     modes, where starting it costs about 1.5 s per job. Under spark-submit without the job's own
@@ -22,31 +72,40 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     """
     # local modes: Python workers use this interpreter (the one with our dependencies)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name)
+    options = {"spark.app.name": app_name}
     submitted = {} if cfg.master else _submit_conf()  # (asking starts the JVM: only if needed)
     master = cfg.master or submitted.get("spark.master", "local[*]")
     if cfg.master or "spark.master" not in submitted:
-        builder = builder.master(master)
+        options["spark.master"] = master
     if "spark.ui.enabled" not in submitted:  # an explicit --conf wins
-        builder = builder.config("spark.ui.enabled",
-                                 str(web_ui_enabled(cfg.spark_ui, master)).lower())
+        options["spark.ui.enabled"] = str(web_ui_enabled(cfg.spark_ui, master)).lower()
     local_ip = os.environ.get("SPARK_LOCAL_IP")
     if local_ip:
-        builder = builder.config("spark.driver.host", local_ip).config(
-            "spark.driver.bindAddress", local_ip
-        )
-    builder = (
-        builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.adaptive.enabled", "true")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-    )
-    for k, v in (extra_conf or {}).items():
+        options["spark.driver.host"] = options["spark.driver.bindAddress"] = local_ip
+    options.update({
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.python.worker.reuse": "true",
+        **(extra_conf or {}),
+    })
+    builder = SparkSession.builder
+    for k, v in options.items():
         builder = builder.config(k, v)
+
+    def after(session: SparkSession) -> None:
+        shuffle = cfg.shuffle_partitions or max(2, 2 * session.sparkContext.defaultParallelism)
+        session.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+
+    if background:
+        from pyspark import SparkConf
+
+        sc = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
+        sc.setLogLevel("WARN")
+        return SessionStarting(builder, sc, after)  # type: ignore[return-value]
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    shuffle = cfg.shuffle_partitions or max(2, 2 * spark.sparkContext.defaultParallelism)
-    spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+    after(spark)
     return spark
 
 

@@ -15,10 +15,12 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -31,7 +33,13 @@ from pipeline.merge_rounds import RoundStats, run_rounds
 from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
 from pipeline.report import write_report
 from pipeline.spark_merge import SparkBlocks, symbols_of
-from pipeline.word_count import WordTable, count_words, open_word_table
+from pipeline.word_count import (
+    WordTable,
+    count_words,
+    format_digest,
+    open_word_table,
+    spark_table_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +147,12 @@ def _char_vocab(words: DataFrame, suffix: str) -> BaseVocab:
     return BaseVocab("chars", tokens, suffix)
 
 
-def _load_local(words: DataFrame, base: BaseVocab) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _load_local(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The whole word table on the driver, as initial symbols in first-seen order."""
-    table = words.select("word", "count", "first_seen").toArrow().sort_by("first_seen")
+    table = wt.table  # counted in this process: already in memory, sorted
+    if table is None:
+        table = words().select("word", "count", "first_seen").toArrow().sort_by("first_seen")
     char_ids, suffix_id = _char_ids(base)
     flat, lengths = symbols_of(table.column("word"), char_ids, suffix_id)
     return flat, lengths, table.column("count").to_numpy()
@@ -163,16 +174,20 @@ def _remove_stale_temp(spark: SparkSession, parent: str, name: str) -> None:
             fsutil.delete(spark, fsutil.join(parent, entry))
 
 
-def _table_summary(words: DataFrame, base: BaseVocab) -> tuple[int, int, str]:
-    """(corpus tokens, distinct-word symbols, content digest of the word table), one job."""
+def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab
+                   ) -> tuple[int, int, str]:
+    """(corpus tokens, distinct-word symbols, content digest of the word table): from memory
+    when the table was just counted here (bytes alphabet), else in one Spark job."""
+    if wt.table is not None and base.alphabet == "bytes" and "digest" in wt.meta:
+        lengths = pc.binary_length(wt.table.column("word")).to_numpy().astype(np.int64)
+        total = int(np.dot(lengths, wt.table.column("count").to_numpy()))
+        return total, int(lengths.sum()), wt.meta["digest"]
     word_len = F.length("word")  # bytes
     if base.alphabet == "chars":
         word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
-    row = words.select(F.sum(word_len * F.col("count")), F.sum(word_len),
-                       F.bit_xor(F.xxhash64("word", "count", "first_seen")),
-                       F.count(F.lit(1))).first()
-    digest = f"{(int(row[2] or 0)) & (2**64 - 1):016x}-{int(row[3])}"
-    return int(row[0] or 0), int(row[1] or 0), digest
+    row = words().select(F.sum(word_len * F.col("count")), F.sum(word_len),
+                         *spark_table_digest()).first()
+    return int(row[0] or 0), int(row[1] or 0), format_digest(row[2], row[3])
 
 
 def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:
@@ -191,15 +206,22 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     wt, count_s = _word_table_for(spark, cfg)
     stages["count_words"] = round(count_s, 3)
     _adopt_table_settings(cfg, wt)
-    words = spark.read.parquet(wt.data_path)
-    base = bytes_vocab() if cfg.alphabet == "bytes" else _char_vocab(words, cfg.end_of_word_suffix)
+    words_df: list[DataFrame] = []
+
+    def words() -> DataFrame:  # read through Spark only when needed
+        if not words_df:
+            words_df.append(spark.read.parquet(wt.data_path))
+        return words_df[0]
+
+    base = bytes_vocab() if cfg.alphabet == "bytes" else _char_vocab(words(),
+                                                                      cfg.end_of_word_suffix)
     target = cfg.merges_wanted(base.size)
     if target <= 0:
         raise ConfigError(
             f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: the base vocabulary "
             f"has {base.size} symbols and there are {len(cfg.special_tokens)} special tokens"
         )
-    total_tokens, symbols, digest = _table_summary(words, base)
+    total_tokens, symbols, digest = _table_summary(wt, words, base)
     settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
     fp = fingerprint_of(settings)
     done = _run_summary(cfg.output, spark)
@@ -251,7 +273,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     max_bytes = cfg.max_token_bytes or None
     if len(merges) < target:
         if engine == "spark":
-            blocks = SparkBlocks(spark, words, cfg.num_partitions, *_char_ids(base),
+            blocks = SparkBlocks(spark, words(), cfg.num_partitions, *_char_ids(base),
                                  lineage_every_rounds=cfg.lineage_every_rounds,
                                  rdd_checkpoint_dir=fsutil.join(ckpt_dir, "rdd"),
                                  replay=[(m.left, m.right, m.new_id) for m in merges])
@@ -287,7 +309,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
             else:
                 blocks.close()
         else:
-            flat, lengths, counts = _load_local(words, base)
+            flat, lengths, counts = _load_local(wt, words, base)
             lt = LocalTrainer(flat, lengths, counts, base.tokens)
             if merges:
                 lt.replay(merges)
@@ -304,7 +326,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     notes = write_exports(cfg.output, tok, spark)
     write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
     t_report = time.time()
-    write_report(spark, cfg, tok, tokens_left, words, total_tokens)
+    write_report(spark, cfg, tok, tokens_left,
+                 words() if base.alphabet != "bytes" else None, total_tokens)
     stages["report"] = round(time.time() - t_report, 3)
     mpr = round_stats.merges_per_round
     stats = {

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
@@ -28,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.utils import AnalysisException
@@ -404,6 +405,30 @@ def merge_partials(partial: pa.Table, n_files: int) -> tuple[pa.Table, dict[str,
     return table.sort_by("first_seen"), stats
 
 
+def table_digest(table: pa.Table) -> str:
+    """A content digest of a word table: the XOR over rows of
+    ``crc32(word) << 32 ^ count ^ first_seen << 16`` (64-bit), and the row count. The same
+    value comes from Spark with :func:`spark_table_digest` (tests hold them equal)."""
+    words = table.column("word").to_pylist()
+    crc = np.fromiter(map(zlib.crc32, words), dtype=np.uint64, count=len(words))
+    h = ((crc << np.uint64(32)) ^ table.column("count").to_numpy().astype(np.uint64)
+         ^ (table.column("first_seen").to_numpy().astype(np.uint64) << np.uint64(16)))
+    x = int(np.bitwise_xor.reduce(h)) if len(h) else 0
+    return f"c{x:016x}-{len(words)}"
+
+
+def spark_table_digest() -> tuple[Column, Column]:
+    """The aggregate columns of :func:`table_digest` for a word-table DataFrame: (xor, rows);
+    format them with :func:`format_digest`."""
+    h = (F.shiftleft(F.crc32("word"), 32).bitwiseXOR(F.col("count"))
+         .bitwiseXOR(F.shiftleft(F.col("first_seen"), 16)))
+    return F.bit_xor(h), F.count(F.lit(1))
+
+
+def format_digest(xor: int | None, rows: int) -> str:
+    return f"c{(int(xor or 0)) & (2**64 - 1):016x}-{int(rows)}"
+
+
 def _input_megabytes(spark: SparkSession, files: list[str]) -> float | None:
     """Size of the input files in MB, or None when listing sizes would take long (many files
     on a remote filesystem)."""
@@ -430,10 +455,14 @@ def _write_table(spark: SparkSession, table: pa.Table, path: str) -> None:
 
 @dataclass
 class WordTable:
-    """A word table on disk: ``<dir>/data`` (Parquet) + ``word_table.json`` + ``stats.json``."""
+    """A word table on disk: ``<dir>/data`` (Parquet) + ``word_table.json`` + ``stats.json``.
+
+    ``table``: the same rows in memory (sorted by first_seen) when the count was merged on the
+    driver in this process, so training need not read them back through Spark."""
 
     path: str
     meta: dict
+    table: pa.Table | None = None
 
     @property
     def data_path(self) -> str:
@@ -532,21 +561,28 @@ def _collect_partials(spark: SparkSession, df: DataFrame | None, cfg: Config,
 def count_words(spark: SparkSession, cfg: Config) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically."""
     t0 = time.time()
-    spec = cfg.pretokenizer_spec()
-    warming = _warm_workers(spark, spec)
-    table = _count(spark, cfg, spec, t0)
-    warming.join()
-    return table
+    return _count(spark, cfg, cfg.pretokenizer_spec(), t0)
 
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) -> WordTable:
     df = None
     files = None if cfg.count_reader == "spark" else list_local_corpus(cfg.input, cfg.text_column)
-    if files is None:
+    plan = None if files is None else _arrow_plan(spark, cfg, files)
+    warming = None
+    if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
+        warming = _warm_workers(spark, spec)
         df, files = read_corpus(spark, cfg.input, cfg.text_column)
-    plan = _arrow_plan(spark, cfg, files)
-    if plan is None and df is None:
-        df, files = read_corpus(spark, cfg.input, cfg.text_column)
+        plan = _arrow_plan(spark, cfg, files)
+    try:
+        return _count_and_write(spark, cfg, spec, t0, df, files, plan)
+    finally:
+        if warming is not None:
+            warming.join()
+
+
+def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
+                     df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None
+                     ) -> WordTable:
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
     input_mb = _input_megabytes(spark, files)
     reader = "pyarrow in the tasks" if plan is not None else "Spark's Parquet scan"
@@ -561,6 +597,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
                 raise
             log.warning("partial counts too big for the driver (%s); merging with Spark "
                         "instead (lower count_on_driver_max_mb)", str(exc).splitlines()[0])
+    merged = None
     if collected is not None:
         merged, stats = merge_partials(collected, len(files))
         del collected
@@ -599,6 +636,8 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
         "unique_words": stats["unique_words"],
         "stats": {k: stats[k] for k in ("rows", "words", "bytes", "unique_words")},
     }
+    if merged is not None:
+        meta["digest"] = table_digest(merged)
     fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
     fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
     fsutil.write_text(spark, fsutil.join(tmp, "config.json"), cfg.to_json())
@@ -608,7 +647,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
         stats["empty_rows"], stats["seconds"], cfg.output,
     )
-    return WordTable(cfg.output, meta)
+    return WordTable(cfg.output, meta, merged)
 
 
 def open_word_table(spark: SparkSession, path: str) -> WordTable:

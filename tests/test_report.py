@@ -10,17 +10,23 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from pipeline.bpe import bytes_vocab
 from pipeline.config import Config
 from pipeline.encoder import Tokenizer
+from pipeline.fast_bpe import LocalTrainer
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
 from pipeline.report import (
     TRACE_ROWS,
     _visible,
     measure_sample,
+    merge_ranks_applied,
     render_report,
     write_report,
 )
@@ -49,6 +55,30 @@ def trained(tmp_path_factory):
     total = sum(len(w) * c for w, c, _ in table)
     held = corpus_rows(MULTILINGUAL, "part-00002.parquet", 40_000)
     return tok, texts, held, total, d
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(b"abc"), min_size=1, max_size=12), min_size=1,
+                max_size=25),
+       st.lists(st.lists(st.sampled_from(b"abc"), min_size=1, max_size=12), min_size=1,
+                max_size=25),
+       st.integers(1, 30))
+def test_lowest_rank_encoding_removes_what_a_replay_removes(train_words, sample_words, n):
+    """The report's per-word lowest-rank-first encoding equals replaying the merge list in
+    order (tokens removed by each merge, final tokens), for merges learnt on other words."""
+    base = bytes_vocab()
+    learner = LocalTrainer.from_words(train_words, [1 + i % 3 for i in range(len(train_words))],
+                                      base.tokens)
+    learner.train(n, 1)
+    weights = np.array([1 + i % 4 for i in range(len(sample_words))], dtype=np.int64)
+    lengths = np.array([len(w) for w in sample_words], dtype=np.int64)
+    flat = np.array([b for w in sample_words for b in w], dtype=np.int64)
+    removed, final, per_word = merge_ranks_applied(flat, lengths, weights, learner.merges)
+    replay = LocalTrainer(flat, lengths, weights, base.tokens)
+    replay.replay(learner.merges)
+    assert removed.tolist() == replay.removed
+    tokens, _, counts = replay.state.current()
+    assert final.tolist() == tokens.tolist() and per_word.tolist() == counts.tolist()
 
 
 def test_numbers_match_the_reference_encoder(trained):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
@@ -201,3 +202,17 @@ def test_arrow_reader_errors(spark, tmp_path):
     count_words(spark, Config(input=str(tmp_path / "mixed"), output=str(tmp_path / "o")))
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert stats["rows"] == 2 and stats["null_rows"] == 1
+
+
+def test_driver_digest_equals_sparks(spark, mixed_corpus, tmp_path):
+    """The digest of a table counted in memory equals the one Spark computes from its files
+    (a resumed run reads the table back and must find the same fingerprint)."""
+    out = tmp_path / "words"
+    wt = count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                                   special_tokens=["<|endoftext|>"]))
+    assert wt.table is not None and wt.meta["digest"] == word_count.table_digest(wt.table)
+    row = spark.read.parquet(str(out / "data")).select(*word_count.spark_table_digest()).first()
+    assert word_count.format_digest(row[0], row[1]) == wt.meta["digest"]
+    assert json.loads((out / "word_table.json").read_text())["digest"] == wt.meta["digest"]
+    changed = wt.table.set_column(1, "count", pc.add(wt.table.column("count"), 1))
+    assert word_count.table_digest(changed) != wt.meta["digest"]
