@@ -115,8 +115,13 @@ class FlatMergeState:
     def _register(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Give the pairs at sorted positions ``pos`` (all new pairs) ids and store their
         positions; returns (ids, counts, first positions)."""
-        keys = (self.tok[pos].astype(np.int64) << SHIFT) | self.tok[self.nxt[pos]]
-        order = np.argsort(keys, kind="stable")
+        left, right = self.tok[pos].astype(np.int64), self.tok[self.nxt[pos]]
+        keys = (left << SHIFT) | right
+        if len(pos) > 4096 and int(left.max()) < 256 and int(right.max()) < 256:
+            # byte pairs (the initial layout): a 16-bit key sorts by radix, ~8x faster
+            order = np.argsort(((left << 8) | right).astype(np.uint16), kind="stable")
+        else:
+            order = np.argsort(keys, kind="stable")
         ks = keys[order]
         spos = pos[order]
         if len(ks) == 0:

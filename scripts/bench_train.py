@@ -90,7 +90,7 @@ def main() -> None:
             hf_full.append(timed(lambda: hf_train(files, V))[0])
             hf_257.append(timed(lambda: hf_train(files, 257))[0])
     else:
-        stats = json.loads(Path(tmp, "run-0", "stats.json").read_text())
+        stats = json.loads(Path(tmp, f"run-{args.repeat - 1}", "stats.json").read_text())
         words_dir = os.path.join(tmp, "run-0", "words")
 
     import numpy as np
