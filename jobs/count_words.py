@@ -16,7 +16,7 @@ def main(cfg: Config) -> int:
     from pipeline.spark_session import build_session
     from pipeline.word_count import count_words
 
-    spark = build_session(cfg, "spark-bpe count_words", background=True)
+    spark = build_session(cfg, "spark-bpe count_words", deferred=True)
     try:
         table = count_words(spark, cfg)
     finally:

@@ -24,7 +24,7 @@ def main(cfg: Config) -> int:
     from pipeline.train import train
 
     t0 = time.time()
-    spark = build_session(cfg, "spark-bpe train", background=True)
+    spark = build_session(cfg, "spark-bpe train", deferred=True)
     try:
         result = train(spark, cfg, session_seconds=time.time() - t0)
         complete = fsutil.exists(spark, fsutil.join(result.run_dir, "run.json"))

@@ -13,33 +13,49 @@ from pyspark.sql import SparkSession
 from pipeline.config import Config
 
 
-class SessionStarting:
-    """A SparkSession being created in a background thread. Its SparkContext is ready at once
-    (RDD jobs can run); everything else waits for the session.
+class DeferredSession:
+    """Stands in for a SparkSession whose SparkContext is ready at once (RDD jobs can run) and
+    whose session is created when first used, or earlier in a background thread after
+    :meth:`start`.
 
-    Creating the session takes seconds in a fresh JVM (Spark 4 loads its SQL extensions, the ML
-    functions among them, through Scala reflection). A job that starts with RDD work, like the
-    word count with the Arrow reader, overlaps the two."""
+    Creating the session takes about 2.7 s of JVM time in a fresh Spark 4 application (it loads
+    the SQL extensions, ML functions among them, through Scala reflection). A run that never
+    needs Spark SQL (local corpus read with pyarrow, training on the driver, local outputs)
+    skips that work; one that will need it calls :meth:`start` early so it overlaps the count."""
 
     def __init__(self, builder: SparkSession.Builder, sc: SparkContext,
                  after: Callable[[SparkSession], None]) -> None:
         self.sparkContext = sc
+        self._builder = builder
+        self._after = after
         self._session: SparkSession | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._create, args=(builder, after),
-                                        name="spark-bpe-session", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-    def _create(self, builder: SparkSession.Builder,
-                after: Callable[[SparkSession], None]) -> None:
+    def start(self) -> None:
+        """Begin creating the session in the background (no-op once begun)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._create, name="spark-bpe-session",
+                                                daemon=True)
+                self._thread.start()
+
+    def _create(self) -> None:
         try:
-            session = builder.getOrCreate()
-            after(session)
+            session = self._builder.getOrCreate()
+            self._after(session)
             self._session = session
         except BaseException as exc:  # noqa: BLE001 - re-raised where the session is used
             self._error = exc
 
+    @property
+    def created(self) -> bool:
+        return self._thread is not None
+
     def session(self) -> SparkSession:
+        self.start()
+        assert self._thread is not None
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -50,19 +66,26 @@ class SessionStarting:
         return getattr(self.session(), name)
 
     def stop(self) -> None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         if self._session is not None:
             self._session.stop()
         else:
             self.sparkContext.stop()
 
 
+def start_session(spark: SparkSession) -> None:
+    """Have a :class:`DeferredSession` begin creating its session now (in the background)."""
+    if isinstance(spark, DeferredSession):
+        spark.start()
+
+
 def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None,
-                  background: bool = False) -> SparkSession:
+                  deferred: bool = False) -> SparkSession:
     """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
 
-    ``background``: start the SparkContext now and return a :class:`SessionStarting` whose
-    session is created in a background thread (it stands in for the session).
+    ``deferred``: start the SparkContext now and return a :class:`DeferredSession`, which
+    creates the session when first used (or in the background after :func:`start_session`).
 
     The web UI follows ``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local
     modes, where starting it costs about 1.5 s per job. Under spark-submit without the job's own
@@ -97,12 +120,12 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
         shuffle = cfg.shuffle_partitions or max(2, 2 * session.sparkContext.defaultParallelism)
         session.conf.set("spark.sql.shuffle.partitions", str(shuffle))
 
-    if background:
+    if deferred:
         from pyspark import SparkConf
 
         sc = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
         sc.setLogLevel("WARN")
-        return SessionStarting(builder, sc, after)  # type: ignore[return-value]
+        return DeferredSession(builder, sc, after)  # type: ignore[return-value]
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     after(spark)

@@ -33,6 +33,7 @@ from pipeline.merge_rounds import RoundStats, run_rounds
 from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
 from pipeline.report import write_report
 from pipeline.spark_merge import SparkBlocks, symbols_of
+from pipeline.spark_session import start_session
 from pipeline.word_count import (
     WordTable,
     count_words,
@@ -104,6 +105,7 @@ def _word_table_for(spark: SparkSession, cfg: Config) -> tuple[WordTable, float]
             "pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
             "lowercase": spec.lowercase, "normalization": spec.normalization,
         } and wt.meta.get("text_column") == cfg.text_column:
+            start_session(spark)  # the table is read back through Spark
             log.info("reusing the word table already counted at %s", own)
             return wt, 0.0
     sub = Config(**{**cfg.__dict__, "output": own})
@@ -200,8 +202,20 @@ def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:
         return None
 
 
+def _will_use_spark_sql(cfg: Config) -> bool:
+    """Whether the run needs a SparkSession whatever the count finds: a given word table, the
+    chars alphabet, the Spark engine, or files only Spark's own readers and writers reach."""
+    return (bool(cfg.words) or cfg.alphabet != "bytes" or cfg.engine == "spark"
+            or cfg.count_reader == "spark" or not fsutil.is_local(cfg.input)
+            or not fsutil.is_local(cfg.output))
+
+
 def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> RunResult:
+    """Train end to end. ``spark`` may be a :class:`DeferredSession`: runs that need Spark
+    SQL start creating it at once, in the background; others may never create it."""
     t_start = time.time()
+    if _will_use_spark_sql(cfg):
+        start_session(spark)
     stages: dict[str, float] = {"spark_session": round(session_seconds, 3)}
     wt, count_s = _word_table_for(spark, cfg)
     stages["count_words"] = round(count_s, 3)

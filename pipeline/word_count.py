@@ -43,6 +43,7 @@ from pipeline.pretokenize import (
     RowStats,
     WordCounter,
 )
+from pipeline.spark_session import start_session
 
 log = logging.getLogger(__name__)
 
@@ -570,6 +571,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
     plan = None if files is None else _arrow_plan(spark, cfg, files)
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
+        start_session(spark)
         warming = _warm_workers(spark, spec)
         df, files = read_corpus(spark, cfg.input, cfg.text_column)
         plan = _arrow_plan(spark, cfg, files)

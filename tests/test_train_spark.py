@@ -131,3 +131,27 @@ def test_job_errors_and_rerun(tmp_path):
     r = run_job("--engine", "fast", "--output", str(tmp_path / "x"))
     assert r.returncode == 2 and "'engine'" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_deferred_session_is_created_only_when_used(spark, tmp_path):
+    """A run that reads a local corpus with pyarrow and trains on the driver never creates the
+    SparkSession (2.7 s in a fresh JVM); Spark SQL work creates it on first use, and the merge
+    list is the same as with a real session."""
+    from pyspark.sql import SparkSession
+
+    from pipeline.spark_session import DeferredSession, start_session
+
+    from .conftest import SAMPLE
+
+    lazy = DeferredSession(SparkSession.builder, spark.sparkContext, lambda s: None)
+    assert lazy.sparkContext.parallelize(range(3), 2).sum() == 3 and not lazy.created
+    cfg = Config(input=str(SAMPLE), output=str(tmp_path / "lazy"), vocab_size=400,
+                 special_tokens=["<|endoftext|>"], progress_bar=False)
+    lazy_run = train(lazy, cfg)
+    assert not lazy.created, "the fast path must not need a SparkSession"
+    eager_run = train(spark, Config(**{**cfg.__dict__, "output": str(tmp_path / "eager")}))
+    assert lazy_run.merges == eager_run.merges and len(lazy_run.merges) == 400 - 257
+    assert lazy.range(4).count() == 4 and lazy.created and lazy.session() is spark
+    early = DeferredSession(SparkSession.builder, spark.sparkContext, lambda s: None)
+    start_session(early)
+    assert early.created and early.session() is spark
