@@ -101,12 +101,14 @@ _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
                pa.types.is_large_binary)
 
 
-def list_local_corpus(path: str, text_column: str) -> list[str] | None:
+def list_local_corpus(path: str, text_column: str,
+                      footers: dict[str, pq.FileMetaData] | None = None) -> list[str] | None:
     """The files of a local corpus listed without the JVM (as :func:`read_corpus` lists them),
     when that is unambiguous: one Parquet file, or a directory that holds only files (names
     starting with ``_`` or ``.`` skipped, as Spark does). None lets Spark list and validate:
     globs, nested or partitioned directories, other filesystems, a file pyarrow cannot open,
-    a missing column or one that is not text."""
+    a missing column or one that is not text. ``footers``, if given, receives each listed
+    file's Parquet metadata (read once, for :func:`plan_slices`)."""
     if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
         return None
     local = os.path.abspath(fsutil.local_path(path))
@@ -119,15 +121,20 @@ def list_local_corpus(path: str, text_column: str) -> list[str] | None:
         candidates = [e.path for e in entries]
     else:
         return None
+    read: dict[str, pq.FileMetaData] = {}
     for f in candidates:
         try:
-            schema = pq.read_schema(f)
+            meta = pq.ParquetFile(f).metadata
+            schema = meta.schema.to_arrow_schema()
         except Exception:  # noqa: BLE001 - Spark's reader gives the error message
             return None
         i = schema.get_field_index(text_column)
         if i < 0 or not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
             return None
-    return sorted(normalize_path("file://" + f) for f in candidates)
+        read[normalize_path("file://" + f)] = meta
+    if footers is not None:
+        footers.update(read)
+    return sorted(read)
 
 
 def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
@@ -169,15 +176,17 @@ class ReadSlice:
     nbytes: int
 
 
-def plan_slices(files: list[str], text_column: str, tasks: int) -> list[list[ReadSlice]] | None:
+def plan_slices(files: list[str], text_column: str, tasks: int,
+                footers: dict[str, pq.FileMetaData] | None = None
+                ) -> list[list[ReadSlice]] | None:
     """Row groups of local ``files`` dealt to ``tasks`` tasks of about equal size (largest
     first, each to the least loaded task), each task's slices in corpus order. None when a file
     lacks ``text_column`` as a top-level column (Spark's reader then handles it, e.g. with
-    nulls for files that miss the column)."""
+    nulls for files that miss the column). ``footers``: metadata already read, by file."""
     slices: list[ReadSlice] = []
     for fidx, f in enumerate(files):
         path = fsutil.local_path(f)
-        meta = pq.ParquetFile(path).metadata
+        meta = (footers or {}).get(f) or pq.ParquetFile(path).metadata
         if text_column not in meta.schema.to_arrow_schema().names:
             return None
         first = 0
@@ -490,7 +499,8 @@ def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thre
     return thread
 
 
-def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str]
+def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
+                footers: dict[str, pq.FileMetaData] | None = None
                 ) -> list[list[ReadSlice]] | None:
     """The tasks of the Arrow reader, or None to let Spark's Parquet scan feed the tasks.
 
@@ -506,7 +516,7 @@ def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str]
                               f"{cfg.input} is not local: use 'auto' or 'spark'")
         return None
     tasks = cfg.num_partitions or 2 * spark.sparkContext.defaultParallelism
-    plan = plan_slices(files, cfg.text_column, tasks)
+    plan = plan_slices(files, cfg.text_column, tasks, footers)
     if plan is None and cfg.count_reader == "arrow":
         raise ConfigError(f"config key 'count_reader' = 'arrow': some files under {cfg.input} "
                           f"have no top-level column {cfg.text_column!r}; use 'spark'")
@@ -567,8 +577,10 @@ def count_words(spark: SparkSession, cfg: Config) -> WordTable:
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) -> WordTable:
     df = None
-    files = None if cfg.count_reader == "spark" else list_local_corpus(cfg.input, cfg.text_column)
-    plan = None if files is None else _arrow_plan(spark, cfg, files)
+    footers: dict[str, pq.FileMetaData] = {}
+    files = (None if cfg.count_reader == "spark"
+             else list_local_corpus(cfg.input, cfg.text_column, footers))
+    plan = None if files is None else _arrow_plan(spark, cfg, files, footers)
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)

@@ -180,7 +180,9 @@ def test_local_listing_matches_sparks(spark, mixed_corpus, tmp_path):
     (d / "_README.md").write_text("not data")
     (d / ".part.crc").write_bytes(b"x")
     _, spark_files = word_count.read_corpus(spark, str(d), "text")
-    assert word_count.list_local_corpus(str(d), "text") == spark_files
+    footers: dict = {}
+    assert word_count.list_local_corpus(str(d), "text", footers) == spark_files
+    assert sorted(footers) == spark_files  # read once, reused by the task plan
     assert word_count.list_local_corpus(f"file://{d}", "text") == spark_files
     one = sorted(d.glob("*.parquet"))[0]
     assert word_count.list_local_corpus(str(one), "text") == [f"file://{one}"]
