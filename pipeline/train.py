@@ -9,6 +9,7 @@ Engines (all give the identical merge list):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import resource
@@ -220,13 +221,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     wt, count_s = _word_table_for(spark, cfg)
     stages["count_words"] = round(count_s, 3)
     _adopt_table_settings(cfg, wt)
-    words_df: list[DataFrame] = []
-
-    def words() -> DataFrame:  # read through Spark only when needed
-        if not words_df:
-            words_df.append(spark.read.parquet(wt.data_path))
-        return words_df[0]
-
+    # the table as a DataFrame, read through Spark only when something needs it
+    words: Callable[[], DataFrame] = functools.cache(lambda: spark.read.parquet(wt.data_path))
     base = bytes_vocab() if cfg.alphabet == "bytes" else _char_vocab(words(),
                                                                       cfg.end_of_word_suffix)
     target = cfg.merges_wanted(base.size)

@@ -423,8 +423,7 @@ def table_digest(table: pa.Table) -> str:
     crc = np.fromiter(map(zlib.crc32, words), dtype=np.uint64, count=len(words))
     h = ((crc << np.uint64(32)) ^ table.column("count").to_numpy().astype(np.uint64)
          ^ (table.column("first_seen").to_numpy().astype(np.uint64) << np.uint64(16)))
-    x = int(np.bitwise_xor.reduce(h)) if len(h) else 0
-    return f"c{x:016x}-{len(words)}"
+    return format_digest(int(np.bitwise_xor.reduce(h)) if len(h) else 0, len(words))
 
 
 def spark_table_digest() -> tuple[Column, Column]:
