@@ -84,6 +84,13 @@ def explain_difference(theirs: dict | None, ours: dict) -> str:
     return "; ".join(diffs) or "the settings fingerprint"
 
 
+def _only_table_differs(theirs: dict | None, ours: dict) -> bool:
+    if not theirs:
+        return False
+    keys = set(theirs) | set(ours)
+    return all(theirs.get(k) == ours.get(k) for k in keys if k != "word_table")
+
+
 def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | None = None,
            rows: list[str] | None = None) -> str:
     """The checkpoint text. ``rows``: the merge lines already rendered for a prefix of
@@ -167,11 +174,13 @@ class Checkpointer:
                 out.append((int(m.group(1)), fsutil.join(self.dir, name)))
         return sorted(out)
 
-    def load(self) -> tuple[list[Merge], list[int]] | None:
+    def load(self, discard_other_table: bool = False) -> tuple[list[Merge], list[int]] | None:
         """The newest valid checkpoint: (merges, tokens removed by each), or None.
 
         Raises ConfigError when the newest readable checkpoint belongs to another config or
-        corpus (never silently trains on top of foreign merges)."""
+        corpus (never silently trains on top of foreign merges). ``discard_other_table``: the
+        run recounted its own input because the input changed, so checkpoints that differ from
+        this run only in the word table are stale: they are deleted instead."""
         for _, path in reversed(self._files()):
             try:
                 fp, settings, merges, removed = parse_full(
@@ -179,6 +188,12 @@ class Checkpointer:
             except (ValueError, IndexError) as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
                 continue
+            if fp != self.fp and discard_other_table and _only_table_differs(
+                    settings, self.settings or {}):
+                log.info("the input changed: deleting the checkpoints of the previous input in "
+                         "%s", self.dir)
+                self.clear()
+                return None
             if fp != self.fp:
                 why = explain_difference(settings, self.settings or {})
                 raise ConfigError(

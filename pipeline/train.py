@@ -38,7 +38,10 @@ from pipeline.spark_session import start_session
 from pipeline.word_count import (
     WordTable,
     count_words,
+    describe_input_change,
     format_digest,
+    input_fingerprint,
+    list_input,
     open_word_table,
     spark_table_digest,
 )
@@ -91,14 +94,23 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def _word_table_for(spark: SparkSession, cfg: Config) -> tuple[WordTable, float]:
-    """The word table: the one given (--words), or the run's own (counted from --input once
-    and reused when the run is resumed)."""
+@dataclass
+class WordTableChoice:
+    table: WordTable
+    count_seconds: float  # 0 when an existing table was used
+    input_changed: bool  # the run's own table was recounted because its input changed
+
+
+def _word_table_for(spark: SparkSession, cfg: Config) -> WordTableChoice:
+    """The word table: the one given (--words, trusted as given), or the run's own, counted
+    from --input and reused by a later run only while the input's fingerprint (file listing,
+    sizes, modification times, footer row counts) and the split settings still match."""
     t0 = time.time()
     if cfg.words:
-        return open_word_table(spark, cfg.words), 0.0
+        return WordTableChoice(open_word_table(spark, cfg.words), 0.0, False)
     own = fsutil.join(cfg.output, "words")
     _remove_stale_temp(spark, cfg.output, "words")
+    changed = False
     if fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
         spec = cfg.pretokenizer_spec()
@@ -106,13 +118,20 @@ def _word_table_for(spark: SparkSession, cfg: Config) -> tuple[WordTable, float]
             "pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
             "lowercase": spec.lowercase, "normalization": spec.normalization,
         } and wt.meta.get("text_column") == cfg.text_column:
-            start_session(spark)  # the table is read back through Spark
-            log.info("reusing the word table already counted at %s", own)
-            return wt, 0.0
+            files, footers = list_input(spark, cfg)
+            now = input_fingerprint(spark, files, footers)
+            then = wt.meta.get("input_fingerprint")
+            if then and then.get("digest") == now["digest"]:
+                start_session(spark)  # the table is read back through Spark
+                log.info("reusing the word table already counted at %s (input unchanged: "
+                         "%d files, %d bytes)", own, now["files"], now["bytes"])
+                return WordTableChoice(wt, 0.0, False)
+            changed = True
+            log.info("recounting: %s", describe_input_change(then, now))
     sub = Config(**{**cfg.__dict__, "output": own})
     log.info("counting the words of %s into %s", cfg.input, own)
     wt = count_words(spark, sub)
-    return wt, time.time() - t0
+    return WordTableChoice(wt, time.time() - t0, changed)
 
 
 def _adopt_table_settings(cfg: Config, wt: WordTable) -> None:
@@ -218,8 +237,9 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     if _will_use_spark_sql(cfg):
         start_session(spark)
     stages: dict[str, float] = {"spark_session": round(session_seconds, 3)}
-    wt, count_s = _word_table_for(spark, cfg)
-    stages["count_words"] = round(count_s, 3)
+    choice = _word_table_for(spark, cfg)
+    wt = choice.table
+    stages["count_words"] = round(choice.count_seconds, 3)
     _adopt_table_settings(cfg, wt)
     # the table as a DataFrame, read through Spark only when something needs it
     words: Callable[[], DataFrame] = functools.cache(lambda: spark.read.parquet(wt.data_path))
@@ -249,7 +269,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     if cfg.resume == "never":
         ckpt.clear()
     else:
-        loaded = ckpt.load()
+        loaded = ckpt.load(discard_other_table=choice.input_changed)
         if loaded:
             prior, prior_removed = loaded
     engine = cfg.engine

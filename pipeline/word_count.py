@@ -13,6 +13,7 @@ word table does not depend on partitioning (DESIGN.md section 1).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import heapq
 import json
 import logging
@@ -587,15 +588,81 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
         df, files = read_corpus(spark, cfg.input, cfg.text_column)
         plan = _arrow_plan(spark, cfg, files)
     try:
-        return _count_and_write(spark, cfg, spec, t0, df, files, plan)
+        fingerprint = input_fingerprint(spark, files, footers)
+        return _count_and_write(spark, cfg, spec, t0, df, files, plan, fingerprint)
     finally:
         if warming is not None:
             warming.join()
 
 
+def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, pq.FileMetaData]]:
+    """The input's files in corpus order, listed as the count lists them (without the JVM for
+    a plain local corpus), and the Parquet footers read on the way."""
+    footers: dict[str, pq.FileMetaData] = {}
+    files = (None if cfg.count_reader == "spark"
+             else list_local_corpus(cfg.input, cfg.text_column, footers))
+    if files is None:
+        start_session(spark)
+        _, files = read_corpus(spark, cfg.input, cfg.text_column)
+    return files, footers
+
+
+def input_fingerprint(spark: SparkSession, files: list[str],
+                      footers: dict[str, pq.FileMetaData] | None = None) -> dict:
+    """What the count read, summarised: every file's path, size and modification time (and,
+    for local files, its Parquet footer's row count). Two listings with the same digest are the
+    same input as far as anything short of reading every byte can tell; a shard added, removed,
+    rewritten or touched changes it."""
+    statuses = _file_statuses(spark, files)
+    entries = []
+    for f, (size, mtime) in zip(files, statuses):
+        rows = None
+        if fsutil.is_local(f):
+            meta = (footers or {}).get(f)
+            with contextlib.suppress(Exception):  # an unreadable footer: size and time only
+                meta = meta or pq.ParquetFile(fsutil.local_path(f)).metadata
+            rows = None if meta is None else meta.num_rows
+        entries.append(f"{f}\t{size}\t{mtime}\t{'' if rows is None else rows}")
+    return {
+        "files": len(files),
+        "bytes": sum(size for size, _ in statuses),
+        "digest": hashlib.sha256("\n".join(entries).encode()).hexdigest()[:32],
+    }
+
+
+def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int]]:
+    """(size in bytes, modification time) of each file: os.stat for local files; for others
+    one Hadoop listing per parent directory (an object store answers a listing with the
+    sizes and times of all its keys, instead of one request per file)."""
+    out: dict[str, tuple[int, int]] = {}
+    remote: dict[str, list[str]] = {}
+    for f in files:
+        if fsutil.is_local(f):
+            st = os.stat(fsutil.local_path(f))
+            out[f] = (st.st_size, st.st_mtime_ns)
+        else:
+            remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
+    for parent, members in remote.items():
+        fs, p = fsutil._fs(spark, parent)
+        listed = {normalize_path(s.getPath().toString()): (int(s.getLen()),
+                                                           int(s.getModificationTime()))
+                  for s in fs.listStatus(p)}
+        for f in members:
+            out[f] = listed.get(f, (-1, -1))
+    return [out[f] for f in files]
+
+
+def describe_input_change(old: dict | None, new: dict) -> str:
+    """Why a word table's input fingerprint does not match (one clause for a log line)."""
+    if not old:
+        return "the word table was counted without an input fingerprint (an older spark-bpe)"
+    return (f"the input changed since the word table was counted ({old.get('files')} files, "
+            f"{old.get('bytes')} bytes then; {new['files']} files, {new['bytes']} bytes now)")
+
+
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-                     df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None
-                     ) -> WordTable:
+                     df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None,
+                     fingerprint: dict) -> WordTable:
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
     input_mb = _input_megabytes(spark, files)
     reader = "pyarrow in the tasks" if plan is not None else "Spark's Parquet scan"
@@ -638,6 +705,7 @@ def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t
         "format": "spark-bpe word table",
         "version": WORD_TABLE_VERSION,
         "input": cfg.input,
+        "input_fingerprint": fingerprint,
         "text_column": cfg.text_column,
         "files": len(files),
         "pretokenizer": {

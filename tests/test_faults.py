@@ -9,6 +9,7 @@ run again. Every final ``merges.txt`` is compared with an uninterrupted run in l
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -188,7 +189,7 @@ def test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops(spark, corpus, t
     p = job(big, "bigger")
     assert p.proc.returncode == 0, p.tail()
     assert resumed_from(p.log()) == 120 and stats(run)["resumed_from_merge"] == 120
-    assert stats(run)["stage_seconds"]["count_words"] == 0  # the word table is reused
+    assert "counting the words" not in p.log()  # --words: the given table, never a count
     assert merges_txt(run) == merges_txt(reference_run(spark, corpus, big))
 
     # smaller: the checkpoint's prefix, no training
@@ -206,6 +207,49 @@ def test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops(spark, corpus, t
     assert last.startswith("error: checkpoint ") and "min_pair_count (checkpoint 2, this run 40)"\
         in last and "--resume never" in last
     assert merges_txt(run) == merges_txt(reference_run(spark, corpus, small))  # untouched
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_grown_input_is_recounted_by_the_same_command(spark, corpus, tmp_path, procs):
+    """A scheduled rerun over a lake path that has grown: the same command, the same output
+    directory. It must not train on yesterday's counts."""
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    shutil.copy(corpus / "part-0.parquet", lake / "part-0.parquet")
+    run = tmp_path / "run"
+    args = ["--input", str(lake), "--output", str(run), "--vocab-size", str(VOCAB),
+            "--checkpoint-every-merges", "50"]
+
+    def job(name: str) -> ProcGroup:
+        p = submit(args, tmp_path, name)
+        procs.append(p)
+        assert p.wait(240) == 0, p.tail()
+        return p
+
+    job("day-1")
+    p = job("day-1-again")  # nothing changed: the table is reused, the run is complete
+    assert "reusing the word table already counted" in p.log()
+    assert p.last_line() == f"already complete, nothing to do: tokenizer in {run}"
+
+    shutil.copy(corpus / "part-1.parquet", lake / "part-1.parquet")
+    p = job("day-2")
+    assert "recounting: the input changed since the word table was counted (1 files" in p.log()
+    assert "reusing the word table" not in p.log()
+    assert "deleting the checkpoints of the previous input" in p.log()
+    assert resumed_from(p.log()) is None
+    assert stats(run)["stage_seconds"]["count_words"] > 0
+    meta = json.loads((run / "words" / "word_table.json").read_text())
+    assert meta["input_fingerprint"]["files"] == 2
+    fresh = reference_run(spark, corpus, VOCAB)  # the grown input is exactly ``corpus``
+    assert merges_txt(run) == merges_txt(fresh)
+
+    # a shard rewritten in place (same name, other content) is a change too
+    day1 = merges_txt(run)
+    shutil.copy(corpus / "part-0.parquet", lake / "part-1.parquet")
+    p = job("day-3")
+    assert "recounting: the input changed" in p.log()
+    assert merges_txt(run) != day1
 
 
 @pytest.mark.spark
