@@ -13,8 +13,8 @@ from pipeline.config import Config  # noqa: E402
 
 
 def main(cfg: Config) -> int:
+    from pipeline.count.word_count import count_words
     from pipeline.spark_session import build_session
-    from pipeline.word_count import count_words
 
     spark = build_session(cfg, "spark-bpe count_words", deferred=True)
     try:

@@ -48,10 +48,10 @@ from pyspark.sql import types as T
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
+from pipeline.count.word_count import read_corpus
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.outputs import read_tiktoken_export
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
-from pipeline.word_count import read_corpus
 
 log = logging.getLogger(__name__)
 

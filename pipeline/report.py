@@ -491,7 +491,7 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
         return [], "", False
     # a bounded read whatever the corpus size: the first rows of up to SAMPLE_FILES files
     # spread over the input (in path order)
-    from pipeline.word_count import list_local_corpus
+    from pipeline.count.word_count import list_local_corpus
 
     files = list_local_corpus(path, cfg.text_column) or sorted(
         spark.read.parquet(path).inputFiles())

@@ -1,8 +1,8 @@
 """End-to-end training: word table -> merges -> run directory.
 
 Engines (all give the identical merge list):
-- ``local``: the vectorized incremental trainer on the driver (``fast_bpe``);
-- ``spark``: distributed merge rounds (``spark_merge`` + ``merge_rounds``);
+- ``local``: the vectorized incremental trainer on the driver (``engines.local``);
+- ``spark``: distributed merge rounds (``engines.spark`` + ``engines.rounds``);
 - ``auto``: Spark rounds while the working set is larger than ``local_threshold_tokens``,
   then the driver finishes (or the driver from the start, when the corpus is small enough).
 """
@@ -29,13 +29,7 @@ from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings, list_names
 from pipeline.config import Config, ConfigError
-from pipeline.fast_bpe import LocalTrainer
-from pipeline.merge_rounds import RoundStats, run_rounds
-from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
-from pipeline.report import write_report
-from pipeline.spark_merge import SparkBlocks, symbols_of
-from pipeline.spark_session import start_session
-from pipeline.word_count import (
+from pipeline.count.word_count import (
     WordTable,
     count_words,
     describe_input_change,
@@ -45,6 +39,12 @@ from pipeline.word_count import (
     open_word_table,
     spark_table_digest,
 )
+from pipeline.engines.local import LocalTrainer
+from pipeline.engines.rounds import RoundStats, run_rounds
+from pipeline.engines.spark import SparkBlocks, symbols_of
+from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
+from pipeline.report import write_report
+from pipeline.spark_session import start_session
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ def main() -> None:
     ap.add_argument("--pattern", default="cl100k")
     args = ap.parse_args()
 
+    from pipeline.count.word_count import count_words
     from pipeline.spark_session import build_session
-    from pipeline.word_count import count_words
 
     tmp = tempfile.mkdtemp(prefix="bench-count-")
     texts = corpus_texts(args.corpus)

@@ -96,7 +96,7 @@ def main() -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pipeline.fast_bpe import LocalTrainer
+    from pipeline.engines.local import LocalTrainer
 
     table = pq.read_table(os.path.join(words_dir, "data")).sort_by("first_seen")
     words = table.column("word").to_pylist()

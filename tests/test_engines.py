@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import fast_bpe
-from pipeline.block_bpe import Block, replay_block
 from pipeline.bpe import initial_words, tokens_after, train_oracle
-from pipeline.fast_bpe import LocalTrainer
-from pipeline.merge_rounds import InProcessBlocks, run_rounds
+from pipeline.engines import local as fast_bpe
+from pipeline.engines.block import Block, replay_block
+from pipeline.engines.local import LocalTrainer
+from pipeline.engines.rounds import InProcessBlocks, run_rounds
 
 # small alphabets: ties and a a a overlaps are common
 words_st = st.lists(st.binary(min_size=1, max_size=12).map(lambda b: bytes(x % 3 + 97 for x in b))

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab, encode_symbols, initial_words
 from pipeline.encoder import EncodeError, Tokenizer, bpe_encode
-from pipeline.fast_bpe import LocalTrainer
+from pipeline.engines.local import LocalTrainer
 from pipeline.outputs import (
     TrainedTokenizer,
     load_tiktoken,

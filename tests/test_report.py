@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pipeline.bpe import bytes_vocab
 from pipeline.config import Config
 from pipeline.encoder import Tokenizer
-from pipeline.fast_bpe import LocalTrainer
+from pipeline.engines.local import LocalTrainer
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
 from pipeline.report import (
     TRACE_ROWS,

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from pipeline.bpe import initial_words, train_oracle
 from pipeline.config import Config
-from pipeline.merge_rounds import run_rounds
-from pipeline.spark_merge import SparkBlocks
+from pipeline.count.word_count import WORD_TABLE_SCHEMA
+from pipeline.engines.rounds import run_rounds
+from pipeline.engines.spark import SparkBlocks
 from pipeline.train import train
-from pipeline.word_count import WORD_TABLE_SCHEMA
 
 from .conftest import EN_DOCS, REPO, need_corpus
 
@@ -66,7 +66,7 @@ def en_slice(tmp_path_factory):
 
 
 def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path):
-    from pipeline.word_count import count_words
+    from pipeline.count.word_count import count_words
 
     wt = count_words(spark, Config(input=str(en_slice), output=str(tmp_path / "w")))
     table = pq.read_table(wt.data_path).sort_by("first_seen")

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
-from pipeline import word_count
+from pipeline.count import word_count
 from pipeline.config import Config, ConfigError
+from pipeline.count.word_count import WORD_TABLE_SCHEMA, count_words
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
-from pipeline.word_count import WORD_TABLE_SCHEMA, count_words
 
 from .conftest import REPO, SAMPLE
 

@@ -16,7 +16,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline import fsutil
-from pipeline.block_bpe import (
+from pipeline.engines.block import (
     NO_POS,
     Block,
     Report,

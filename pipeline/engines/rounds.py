@@ -1,6 +1,6 @@
 """The merge-round loop (pure Python): plan a batch on the driver, run it on the blocks, apply
 the reports. ``BlockSet`` is the seam between this loop and where the blocks live: Spark
-partitions (``spark_merge.SparkBlocks``) or a list in this process (``InProcessBlocks``, used
+partitions (``engines.spark.SparkBlocks``) or a list in this process (``InProcessBlocks``, used
 by the property tests so thousands of random cases need no JVM).
 """
 
@@ -14,10 +14,10 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.block_bpe import Block, Report, apply_round, combine_reports, initial_report
-from pipeline.block_bpe import min_positions as block_min_positions
 from pipeline.bpe import Merge
-from pipeline.round_planner import PairBook
+from pipeline.engines.block import Block, Report, apply_round, combine_reports, initial_report
+from pipeline.engines.block import min_positions as block_min_positions
+from pipeline.engines.planner import PairBook
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pipeline.block_bpe import NO_POS, POS_BITS, Report
+from pipeline.engines.block import NO_POS, POS_BITS, Report
 
 Refresh = Callable[[np.ndarray], Report]
 

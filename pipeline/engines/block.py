@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.fast_bpe import group_sum
+from pipeline.engines.local import group_sum
 
 POS_BITS = 24
 MAX_WORD_SYMBOLS = 1 << POS_BITS
@@ -225,7 +225,7 @@ def min_positions(blk: Block, wanted: np.ndarray, part: int) -> Report:
 
 def replay_block(blk: Block, merges: list[tuple[int, int, int]]) -> Block:
     """Apply known merges (a, b, t), in order, to a block of initial symbols (resume)."""
-    from pipeline.fast_bpe import FlatMergeState
+    from pipeline.engines.local import FlatMergeState
 
     if not merges or len(blk.lengths) == 0:
         return blk

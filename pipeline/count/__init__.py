@@ -1,0 +1,1 @@
+"""Stage 1: corpus -> word table."""
