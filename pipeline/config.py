@@ -63,11 +63,10 @@ class Config:
     min_pair_count: int = 2
     max_token_bytes: int = 0  # 0 = no limit
     engine: str = "auto"  # auto | spark | local
-    local_threshold_tokens: int = 20_000_000  # auto: finish on the driver below this many tokens
+    driver_budget_mb: int = 0  # memory the driver engine may use; 0 = derived (pipeline/memory.py)
     batch_merges: bool = True  # spark engine: several merges per round when provably exact
     max_batch: int = 256
     num_partitions: int = 0  # 0 = Spark's default parallelism
-    lineage_every_rounds: int = 25  # spark engine: cut lineage every N rounds
     # -- checkpoints -----------------------------------------------------------------------------
     checkpoint_dir: str = ""
     checkpoint_every_merges: int = 1000
@@ -114,7 +113,8 @@ FIELD_HELP = {
     "num_merges": "number of merges (alternative to --vocab-size)",
     "pattern": f"split pattern: {', '.join(PATTERNS)}, none, or a custom regex",
     "special_tokens": "comma-separated special tokens, cut out before splitting",
-    "engine": "auto | spark | local",
+    "engine": "auto (decided by memory) | spark | local",
+    "driver_budget_mb": "MB the driver engine may use (0: derived from the driver's memory)",
     "resume": "auto | never",
     "checkpoint_dir": "where checkpoints go (any Hadoop filesystem URI)",
     "report_sample": "Parquet of held-out text for report.html (default: rows of --input)",
@@ -267,8 +267,9 @@ def validate(cfg: Config, job: str) -> Config:
     need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
     need(cfg.max_token_bytes >= 0, "config key 'max_token_bytes' must be >= 0 (0 = no limit)")
     need(cfg.max_batch >= 1, "config key 'max_batch' must be >= 1")
+    need(cfg.driver_budget_mb >= 0, "config key 'driver_budget_mb' must be >= 0 (0 = derived "
+         "from the memory the driver has)")
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
-    need(cfg.lineage_every_rounds >= 1, "config key 'lineage_every_rounds' must be >= 1")
     need(cfg.count_on_driver_max_mb >= 0, "config key 'count_on_driver_max_mb' must be >= 0")
     need(cfg.count_reader in COUNT_READERS,
          f"config key 'count_reader' must be one of {COUNT_READERS}, not {cfg.count_reader!r}")

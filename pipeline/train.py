@@ -3,8 +3,8 @@
 Engines (all give the identical merge list):
 - ``local``: the vectorized incremental trainer on the driver (``engines.local``);
 - ``spark``: distributed merge rounds (``engines.spark`` + ``engines.rounds``);
-- ``auto``: Spark rounds while the working set is larger than ``local_threshold_tokens``,
-  then the driver finishes (or the driver from the start, when the corpus is small enough).
+- ``auto``: the driver from the start when its memory budget holds the word table
+  (``memory.py``), else Spark rounds until the working set fits, then the driver.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from pipeline.count.word_count import (
 )
 from pipeline.engines.local import LocalTrainer
 from pipeline.engines.rounds import RoundStats, run_rounds
-from pipeline.engines.spark import SparkBlocks, symbols_of
+from pipeline.engines.spark import SparkPartitions, symbols_of
+from pipeline.memory import choose_engine, driver_budget, fits_driver
 from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
 from pipeline.report import write_report
 from pipeline.spark_session import start_session
@@ -172,12 +173,16 @@ def _char_vocab(words: DataFrame, suffix: str) -> BaseVocab:
 def _load_local(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The whole word table on the driver, as initial symbols in first-seen order."""
-    table = wt.table  # counted in this process: already in memory, sorted
+    table, wt.table = wt.table, None  # counted in this process: in memory, sorted
     if table is None:
         table = words().select("word", "count", "first_seen").toArrow().sort_by("first_seen")
     char_ids, suffix_id = _char_ids(base)
     flat, lengths = symbols_of(table.column("word"), char_ids, suffix_id)
-    return flat, lengths, table.column("count").to_numpy()
+    flat = flat.astype(np.int32)  # the engine's token array (taken over, not copied again)
+    counts = np.array(table.column("count").to_numpy(), dtype=np.int64)  # not a view
+    del table  # the driver engine's peak comes later: give the table's memory back first
+    pa.default_memory_pool().release_unused()
+    return flat, lengths, counts
 
 
 def _char_ids(base: BaseVocab) -> tuple[dict[str, int] | None, int | None]:
@@ -272,9 +277,9 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
         loaded = ckpt.load(discard_other_table=choice.input_changed)
         if loaded:
             prior, prior_removed = loaded
-    engine = cfg.engine
-    if engine == "auto":
-        engine = "local" if symbols <= cfg.local_threshold_tokens else "spark"
+    budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
+    engine, why = choose_engine(cfg.engine, symbols, budget)
+    log.info(why)
     log.info("training %d merges (%d from checkpoint) on %d words / %d symbols, engine %s",
              target, min(len(prior), target), wt.meta.get("unique_words", -1), symbols, engine)
     if len(prior) >= target:
@@ -303,10 +308,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     max_bytes = cfg.max_token_bytes or None
     if len(merges) < target:
         if engine == "spark":
-            blocks = SparkBlocks(spark, words(), cfg.num_partitions, *_char_ids(base),
-                                 lineage_every_rounds=cfg.lineage_every_rounds,
-                                 rdd_checkpoint_dir=fsutil.join(ckpt_dir, "rdd"),
-                                 replay=[(m.left, m.right, m.new_id) for m in merges])
+            parts = SparkPartitions(spark, words(), cfg.num_partitions, *_char_ids(base),
+                                    base.size, replay=[(m.left, m.right) for m in merges])
             stats_t = time.time()
 
             def on_round(new: list[Merge], new_removed: list[int], st: RoundStats) -> None:
@@ -317,30 +320,28 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
                 progress.update(len(merges), new[-1], vocab_now, "spark")
                 maybe_checkpoint()
 
-            res = run_rounds(
-                blocks, [len(t) for t in vocab_now], target - len(merges), cfg.min_pair_count,
-                max_bytes, cfg.max_batch if cfg.batch_merges else 1,
-                stop_when=lambda tok: cfg.engine == "auto" and tok <= cfg.local_threshold_tokens,
-                on_round=on_round,
-            )
-            round_stats = res.stats
-            log.info("spark rounds: %d rounds, %d merges in %.1f s", res.stats.rounds,
-                     len(res.merges), time.time() - stats_t)
-            if not res.finished and len(merges) < target:
+            try:
+                res = run_rounds(
+                    parts, [len(t) for t in vocab_now], target - len(merges),
+                    cfg.min_pair_count, max_bytes, cfg.max_batch if cfg.batch_merges else 1,
+                    stop_when=lambda tok: cfg.engine == "auto" and fits_driver(tok, budget),
+                    on_round=on_round,
+                )
+                round_stats = res.stats
+                log.info("spark rounds: %d rounds, %d merges in %.1f s", res.stats.rounds,
+                         len(res.merges), time.time() - stats_t)
+                collected = (parts.collect() if not res.finished and len(merges) < target
+                             else None)
+            finally:
+                parts.close()
+            if collected is not None:
                 handoff_at = len(merges)
-                parts = blocks.collect()
-                blocks.close()
-                if parts:
-                    flat = np.concatenate([b.tok for b in parts])
-                    lengths = np.concatenate([b.lengths for b in parts])
-                    counts = np.concatenate([b.counts for b in parts])
+                if collected:
+                    flat, lengths, counts = (np.concatenate(x) for x in zip(*collected))
                     _train_local(LocalTrainer(flat, lengths, counts, vocab_now), target, cfg,
                                  merges, removed, vocab_now, progress, maybe_checkpoint)
-            else:
-                blocks.close()
         else:
-            flat, lengths, counts = _load_local(wt, words, base)
-            lt = LocalTrainer(flat, lengths, counts, base.tokens)
+            lt = LocalTrainer(*_load_local(wt, words, base), base.tokens)
             if merges:
                 lt.replay(merges)
             _train_local(lt, target, cfg, merges, removed, vocab_now, progress,
@@ -362,6 +363,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     mpr = round_stats.merges_per_round
     stats = {
         "engine": engine,
+        "engine_decision": why,
+        "driver_budget_mb": round(budget.bytes / 2**20),
         "handoff_to_driver_at_merge": handoff_at,
         "merges": len(merges),
         "merges_wanted": target,
@@ -382,8 +385,6 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
             round(statistics.median(round_stats.seconds_per_round), 4) if mpr else None),
         "spark_refresh_jobs": round_stats.refresh_jobs,
         "working_set_tokens_by_round": round_stats.working_set_tokens[:: max(1, len(mpr) // 50)]
-        if mpr else [],
-        "working_set_words_by_round": round_stats.working_set_words[:: max(1, len(mpr) // 50)]
         if mpr else [],
         "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "stage_seconds": stages,

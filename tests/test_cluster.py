@@ -86,7 +86,7 @@ def test_standalone_cluster_run_equals_local_mode(spark, standalone, tmp_path_fa
                    check=True, capture_output=True)
     run = tmp_path / "run"
     p = submit(["--input", str(corpus), "--output", str(run), "--vocab-size", str(vocab),
-                "--engine", "spark", "--num-partitions", "4", "--lineage-every-rounds", "5",
+                "--engine", "spark", "--num-partitions", "4",
                 "--config", str(REPO / "conf" / "cluster.toml")],
                tmp_path, "standalone", master=url,
                conf={"spark.executor.cores": "1", "spark.executor.memory": "768m"},

@@ -1,5 +1,5 @@
 """Every engine, partitioning and batch setting equals the sequential oracle (no JVM: the
-round loop runs on in-process blocks here; tests/test_train_spark.py runs it on Spark)."""
+round loop runs on in-process partitions here; tests/test_train_spark.py runs it on Spark)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 
 from pipeline.bpe import initial_words, tokens_after, train_oracle
 from pipeline.engines import local as fast_bpe
-from pipeline.engines.block import Block, replay_block
 from pipeline.engines.local import LocalTrainer
-from pipeline.engines.rounds import InProcessBlocks, run_rounds
+from pipeline.engines.rounds import InProcessPartitions, run_rounds
 
 # small alphabets: ties and a a a overlaps are common
 words_st = st.lists(st.binary(min_size=1, max_size=12).map(lambda b: bytes(x % 3 + 97 for x in b))
@@ -27,29 +26,34 @@ def corpora(draw):
     return words, counts
 
 
-def split_blocks(ids, counts, parts: int, replay=None) -> list[Block]:
+def split_blocks(ids, counts, parts: int, replay=None) -> InProcessPartitions:
+    """The words in ``parts`` consecutive ranges, as in-process partitions."""
     lengths = np.array([len(w) for w in ids])
     flat = np.array([t for w in ids for t in w])
-    fs = np.arange(len(ids), dtype=np.int64) * 7 + 3  # any increasing first_seen
     bounds = np.linspace(0, len(ids), parts + 1).astype(int)
-    blocks = []
+    words = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         so, eo = int(lengths[:lo].sum()), int(lengths[:hi].sum())
-        b = Block.from_symbols(flat[so:eo], lengths[lo:hi], np.array(counts[lo:hi]), fs[lo:hi])
-        if replay:
-            b = replay_block(b, replay)
-        if len(b.lengths):
-            blocks.append(b)
-    return blocks
+        words.append((flat[so:eo], lengths[lo:hi], np.array(counts[lo:hi])))
+    return InProcessPartitions(words, 256, replay)
 
 
+@pytest.mark.parametrize("squeeze", [False, True], ids=["", "squeezed"])
 @pytest.mark.parametrize("small", [0, 12, 10**9], ids=["numpy", "mixed", "python"])
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(corpora(), st.sampled_from([1, 2]), st.sampled_from([None, 2, 3, 5]))
-def test_local_engine_equals_oracle(monkeypatch, small, corpus, min_count, max_bytes):
-    """Both merge paths (vectorized, and plain Python for rare pairs) and their mix."""
+def test_local_engine_equals_oracle(monkeypatch, small, squeeze, corpus, min_count, max_bytes):
+    """Both merge paths (vectorized, and plain Python for rare pairs) and their mix.
+    ``squeezed``: word counts of 3 or more go through the big-count lookup, the heap starts
+    with 2 pairs (its floor is lowered over and over), and the position buffer starts as
+    small as it can (it is compacted and grown as merges add positions)."""
     monkeypatch.setattr(fast_bpe, "SMALL", small)
+    if squeeze:
+        monkeypatch.setattr(fast_bpe, "BIG", 3)
+        monkeypatch.setattr(fast_bpe, "HEAP_START", 2)
+        monkeypatch.setattr(fast_bpe, "MIN_CAPACITY", 1)
+        monkeypatch.setattr(fast_bpe, "_CHUNK", 5)
     words, counts = corpus
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 40, min_count, max_bytes)
@@ -67,10 +71,7 @@ def test_rounds_equal_oracle(corpus, parts, max_batch, min_count, max_bytes):
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 40, min_count, max_bytes)
     blocks = split_blocks(ids, counts, parts)
-    if not blocks:
-        assert expected == []
-        return
-    res = run_rounds(InProcessBlocks(blocks), [1] * 256, 40, min_count, max_bytes, max_batch)
+    res = run_rounds(blocks, [1] * 256, 40, min_count, max_bytes, max_batch)
     assert res.merges == expected
     total = sum(len(w) * c for w, c in zip(ids, counts))
     assert (total - np.cumsum(res.removed)).tolist() == tokens_after(ids, counts, expected)
@@ -87,18 +88,14 @@ def test_resume_from_any_prefix(corpus, cut, parts):
     lt = LocalTrainer.from_words(ids, counts, base.tokens)
     lt.replay(prefix)
     assert lt.train(40, 1) == expected
-    # rounds: rebuild blocks by replaying the prefix in one pass, then continue
-    blocks = split_blocks(ids, counts, parts, replay=[(m.left, m.right, m.new_id)
-                                                      for m in prefix])
+    # rounds: rebuild the partitions by replaying the prefix in one pass, then continue
+    blocks = split_blocks(ids, counts, parts, replay=[(m.left, m.right) for m in prefix])
     token_len = [1] * 256
     vocab = list(base.tokens)
     for m in prefix:
         vocab.append(vocab[m.left] + vocab[m.right])
     token_len = [len(t) for t in vocab]
-    if not blocks:
-        assert expected == prefix
-        return
-    res = run_rounds(InProcessBlocks(blocks), token_len, 40 - len(prefix), 1, None, 256)
+    res = run_rounds(blocks, token_len, 40 - len(prefix), 1, None, 256)
     assert prefix + res.merges == expected
 
 
@@ -109,6 +106,74 @@ def test_batching_makes_several_merges_per_round():
     counts = rng.zipf(1.5, len(words)).clip(1, 10_000).tolist()
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 200)
-    res = run_rounds(InProcessBlocks(split_blocks(ids, counts, 3)), [1] * 256, 200, 2, None, 256)
+    res = run_rounds(split_blocks(ids, counts, 3), [1] * 256, 200, 2, None, 256)
     assert res.merges == expected
     assert res.stats.rounds < len(expected) / 2
+
+
+def test_partition_states_survive_retries_lost_rounds_and_interruptions(tmp_path):
+    """The executor-side protocol of the Spark engine, without Spark: a retried round gets
+    its saved report, a state that missed rounds catches up from the history, and a state
+    left half-changed or ahead of the round is reported lost (the driver then rebuilds)."""
+    from pipeline.engines.partition import PartitionLost, PartitionStore, apply_batch
+
+    words = [b"abab", b"aab", b"bba", b"abba", b"ba"]
+    counts = [3, 2, 2, 1, 4]
+    ids, base = initial_words(words)
+    expected = train_oracle(ids, counts, base.tokens, 6, 1)
+    batches = [[(m.left, m.right, m.new_id)] for m in expected]
+    history = np.array([(m.left, m.right) for m in expected], dtype=np.int64)
+    flat = np.array([t for w in ids for t in w])
+    lengths = np.array([len(w) for w in ids])
+    ref = InProcessPartitions([(flat, lengths, np.array(counts))], 256)
+    store = PartitionStore("t", 0, root=str(tmp_path))
+    store.build(flat, lengths, np.array(counts), 256, history[:0])
+
+    def same(x, y):
+        return all(np.array_equal(getattr(x, k), getattr(y, k))
+                   for k in ("keys", "deltas", "min_pos", "removed")) and x.tokens == y.tokens
+
+    first = store.run_round(0, 0, batches[0], 0, lambda: history)
+    assert same(first, ref.run_round(batches[0]))
+    again = store.run_round(0, 0, batches[0], 0, lambda: history)  # a retried task
+    assert same(again, first)
+    # round 1 never reached this partition (say, its task ran elsewhere): round 2 catches up
+    ref.run_round(batches[1])
+    late = store.run_round(2, 2, batches[2], 0, lambda: history)
+    assert same(late, ref.run_round(batches[2]))
+    with pytest.raises(PartitionLost, match="holds 3 merges, the round starts at 1"):
+        store.run_round(1, 1, batches[1], 0, lambda: history)
+    # a task killed while changing the arrays leaves the state dirty: never trusted again
+    meta = store.read_meta()
+    store._write_meta({**meta, "dirty": True})
+    with pytest.raises(PartitionLost, match="interrupted"):
+        store.run_round(3, 3, batches[3], 0, lambda: history)
+    # ... and a rebuild with the history replayed is exact again
+    store.build(flat, lengths, np.array(counts), 256, history[:3])
+    assert same(store.run_round(3, 3, batches[3], 0, lambda: history),
+                ref.run_round(batches[3]))
+    assert same(apply_batch(store.at_gen(4, lambda: history), batches[4], 0, 0),
+                ref.run_round(batches[4]))
+    with pytest.raises(PartitionLost, match="no state"):
+        PartitionStore("t", 1, root=str(tmp_path)).run_round(0, 0, batches[0], 0, lambda: history)
+
+
+def test_initial_counting_sort_in_chunks_equals_one_pass(monkeypatch):
+    """The initial registration sorts byte pairs in bounded chunks; many tiny chunks must
+    give the same ids, counts, positions and merges as one."""
+    rng = np.random.default_rng(1)
+    words = list(dict.fromkeys(bytes(rng.integers(97, 101, rng.integers(1, 7)).tolist())
+                               for _ in range(400)))
+    counts = rng.integers(1, 9, len(words)).tolist()
+    ids, base = initial_words(words)
+    whole = LocalTrainer.from_words(ids, counts, base.tokens)
+    monkeypatch.setattr(fast_bpe, "_CHUNK", 7)
+    chunked = LocalTrainer.from_words(ids, counts, base.tokens)
+    n = whole.state.n_ids
+    assert chunked.state.n_ids == n
+    for name in ("cnt", "lo", "hi", "pa", "pb"):
+        assert np.array_equal(getattr(whole.state, name)[:n], getattr(chunked.state, name)[:n])
+    assert np.array_equal(whole.state.buf[:whole.state.buf_len],
+                          chunked.state.buf[:chunked.state.buf_len])
+    assert chunked.train(60, 1) == whole.train(60, 1) == train_oracle(ids, counts, base.tokens,
+                                                                        60, 1)

@@ -277,7 +277,7 @@ def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_p
     run = tmp_path / "run"
     p = submit(["--words", str(ref.parent / "reference-words"), "--output", str(run),
                 "--vocab-size", str(vocab), "--engine", "spark", "--num-partitions", "4",
-                "--lineage-every-rounds", "3", "--checkpoint-every-merges", "10"],
+                "--checkpoint-every-merges", "10"],
                tmp_path, "local-cluster", master="local-cluster[2,1,1024]",
                conf={"spark.executor.memory": "768m"})
     procs.append(p)

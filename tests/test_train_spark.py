@@ -16,7 +16,7 @@ from pipeline.bpe import initial_words, train_oracle
 from pipeline.config import Config
 from pipeline.count.word_count import WORD_TABLE_SCHEMA
 from pipeline.engines.rounds import run_rounds
-from pipeline.engines.spark import SparkBlocks
+from pipeline.engines.spark import SparkPartitions
 from pipeline.train import train
 
 from .conftest import EN_DOCS, REPO, need_corpus
@@ -38,12 +38,46 @@ def test_spark_rounds_equal_oracle(spark, texts, parts, max_batch, data):
     counts = data.draw(st.lists(st.integers(1, 5), min_size=len(words), max_size=len(words)))
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 25, 1)
-    blocks = SparkBlocks(spark, word_df(spark, words, counts), parts, None, None,
-                         lineage_every_rounds=3)
+    # chunks of ~64 bytes: a partition's words span several chunk records
+    blocks = SparkPartitions(spark, word_df(spark, words, counts), parts, None, None, 256,
+                             chunk_bytes=64)
     try:
         res = run_rounds(blocks, [1] * 256, 25, 1, None, max_batch)
+        assert blocks.chunk_count > len(blocks.parts) or len(words) < 10
     finally:
         blocks.close()
+    assert res.merges == expected
+
+
+def test_a_half_changed_partition_state_is_rebuilt_from_the_word_table(spark):
+    """A task killed while it changes a partition's arrays leaves the state dirty: the next
+    round reports the partition lost, the driver rebuilds it from its chunks with the merges
+    so far replayed, runs the round again, and the merges stay the oracle's."""
+    from pipeline.engines.partition import PartitionStore
+
+    words = [w.encode() for w in "ab ba aab abb bab aa bb abab baba abc bca cab cc".split()]
+    counts = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9]
+    ids, base = initial_words(words)
+    expected = train_oracle(ids, counts, base.tokens, 12, 1)
+    parts = SparkPartitions(spark, word_df(spark, words, counts), 2, None, None, 256)
+    run = parts.run
+
+    def spoil(new, removed, stats) -> None:
+        if stats.rounds != 4:
+            return
+        dirs = parts.holders.mapPartitionsWithIndex(
+            lambda i, it: [PartitionStore(run, i).dir] if sum(1 for _ in it) else []).collect()
+        state = dirs[-1] + "/state.json"
+        with open(state) as fh:
+            meta = json.load(fh)
+        with open(state, "w") as fh:
+            json.dump({**meta, "dirty": True}, fh)
+
+    try:
+        res = run_rounds(parts, [1] * 256, 12, 1, None, 1, on_round=spoil)
+        assert parts.rebuilds == 1 and res.stats.rounds == 12
+    finally:
+        parts.close()
     assert res.merges == expected
 
 
@@ -65,8 +99,14 @@ def en_slice(tmp_path_factory):
     return d
 
 
-def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path):
+def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path, monkeypatch):
+    from pipeline import memory
     from pipeline.count.word_count import count_words
+
+    # auto: a driver budget of 1 MB per symbol, so that ``driver_budget_mb`` = 3/4 of the
+    # table's symbols means Spark rounds until the working set shrinks to that, then the driver
+    monkeypatch.setattr(memory, "LOCAL_BYTES_PER_SYMBOL", 1 << 20)
+    monkeypatch.setattr(memory, "DRIVER_BASE_BYTES", 0)
 
     wt = count_words(spark, Config(input=str(en_slice), output=str(tmp_path / "w")))
     table = pq.read_table(wt.data_path).sort_by("first_seen")
@@ -78,10 +118,9 @@ def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path):
     runs = {}
     symbols = sum(len(w) for w in words)
     for engine in ("spark", "local", "auto"):
-        # auto: Spark rounds until the working set shrinks to 3/4 of the table, then the driver
         cfg = Config(words=str(tmp_path / "w"), output=str(tmp_path / engine), num_merges=n,
                      engine=engine, num_partitions=3, progress_bar=False,
-                     local_threshold_tokens=symbols * 3 // 4)
+                     driver_budget_mb=symbols * 3 // 4)
         runs[engine] = train(spark, cfg).merges
     assert runs["local"] == expected
     assert runs["spark"] == expected
@@ -90,6 +129,7 @@ def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path):
     assert stats["spark_rounds"] < n / 4
     auto = json.loads((tmp_path / "auto" / "stats.json").read_text())
     assert auto["engine"] == "spark" and 0 < auto["handoff_to_driver_at_merge"] < n
+    assert auto["engine_decision"].startswith("engine auto -> spark: the driver engine needs")
 
 
 def run_job(*args: str, cwd=REPO) -> subprocess.CompletedProcess:

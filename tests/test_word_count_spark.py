@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from chispa import assert_df_equality
 
-from pipeline.count import word_count
 from pipeline.config import Config, ConfigError
+from pipeline.count import word_count
 from pipeline.count.word_count import WORD_TABLE_SCHEMA, count_words
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
 

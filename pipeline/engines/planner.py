@@ -6,11 +6,17 @@ candidate only while its count is strictly greater than the pre-round count of e
 already accepted merges touch, and stopping after an ``(a, a)`` merge (DESIGN.md section 3).
 Those merges are exactly the ones the sequential trainer would make next.
 
-Words are range-partitioned by ``first_seen``, so a pair's smallest position lies in the lowest
-partition that has it. Each round every partition reports, for the pairs whose count changed
-there, its smallest position left; the report of the lowest partition wins. A key only becomes
+Words are range-partitioned by ``first_seen`` and positions are global (the words of all
+partitions end to end), so a pair's smallest position lies in the lowest partition that has
+it. Each round every partition reports, for the pairs whose count changed there, its smallest
+position left; the report of the lowest partition wins. A key only becomes
 inexact when a pair vanishes from the partition that held its smallest position; such keys are
 refreshed on demand, and only when they decide a tie.
+
+A pair is kept only while its count reaches ``min_pair_count``: after the round that creates
+it, a pair only loses occurrences, so one below the floor can never be merged, and leaving it
+out never changes a batch (a candidate must beat the touched pairs' counts, and it is at least
+the floor itself). Most pairs of a real corpus are that rare.
 """
 
 from __future__ import annotations
@@ -21,21 +27,24 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from pipeline.engines.block import NO_POS, POS_BITS, Report
+from pipeline.engines.deltas import PairDeltas
+from pipeline.order import NO_POSITION, heap_entry, unpack_pair
 
-Refresh = Callable[[np.ndarray], Report]
+Refresh = Callable[[np.ndarray], PairDeltas]
 
 
 class PairBook:
     def __init__(
         self,
         part_ids: Sequence[int],
-        part_start_fs: Sequence[int],
+        part_starts: Sequence[int],
         token_len: list[int],
         max_token_bytes: int | None = None,
+        min_pair_count: int = 1,
     ):
         self.part_ids = list(part_ids)  # non-empty partitions, ascending first_seen
-        self.part_start = [int(s) << POS_BITS for s in part_start_fs]
+        self.part_start = [int(s) for s in part_starts]  # global position of each one's start
+        self.min_count = max(min_pair_count, 1)
         self.token_len = token_len
         self.max_token_bytes = max_token_bytes
         self.counts: dict[int, int] = {}
@@ -51,37 +60,37 @@ class PairBook:
         return max(bisect_right(self.part_start, pos) - 1, 0)
 
     def _after_slot(self, slot: int) -> int:
-        return self.part_start[slot + 1] if slot + 1 < len(self.part_start) else int(NO_POS)
+        return self.part_start[slot + 1] if slot + 1 < len(self.part_start) else NO_POSITION
 
     # -- applying reports ------------------------------------------------------------------------
-    def apply(self, rep: Report) -> None:
-        counts, pos, inexact = self.counts, self.pos, self.inexact
+    def apply(self, rep: PairDeltas) -> None:
+        counts, pos, inexact, floor = self.counts, self.pos, self.inexact, self.min_count
         slot_of_part = {p: i for i, p in enumerate(self.part_ids)}
         push = heapq.heappush
         for k, d, rp, rm in zip(rep.keys.tolist(), rep.deltas.tolist(), rep.part.tolist(),
                                 rep.min_pos.tolist()):
             old = counts.get(k, 0)
             c = old + d
-            if c < 0:
-                raise AssertionError(f"pair {k} count went negative")
-            if c == 0:
+            if c < floor:  # never mergeable (or left out for that reason before: c <= 0)
                 if old:
+                    if c < 0:
+                        raise AssertionError(f"pair {k} count went negative")
                     self._forget(k)
                 continue
             counts[k] = c
             rslot = slot_of_part[rp]
             if old == 0:
-                a, b = k >> 32, k & 0xFFFFFFFF
+                a, b = unpack_pair(k)
                 self.by_left.setdefault(a, set()).add(k)
                 self.by_right.setdefault(b, set()).add(k)
-                if rm != NO_POS:
+                if rm != NO_POSITION:
                     pos[k] = rm
                 else:  # cannot happen for a pair that gained occurrences; stay safe
                     pos[k] = self._after_slot(rslot)
                     inexact.add(k)
-                push(self.heap, (-c, pos[k], k))
+                push(self.heap, heap_entry(c, pos[k], k))
             elif rslot == self._slot_of(pos[k]):
-                if rm != NO_POS:
+                if rm != NO_POSITION:
                     pos[k] = rm
                     inexact.discard(k)
                 else:
@@ -92,13 +101,17 @@ class PairBook:
         del self.counts[k]
         self.pos.pop(k, None)
         self.inexact.discard(k)
-        self.by_left[k >> 32].discard(k)
-        self.by_right[k & 0xFFFFFFFF].discard(k)
+        a, b = unpack_pair(k)
+        self.by_left[a].discard(k)
+        self.by_right[b].discard(k)
 
     # -- choosing merges -----------------------------------------------------------------------
     def _banned(self, k: int) -> bool:
         m = self.max_token_bytes
-        return m is not None and self.token_len[k >> 32] + self.token_len[k & 0xFFFFFFFF] > m
+        if m is None:
+            return False
+        a, b = unpack_pair(k)
+        return self.token_len[a] + self.token_len[b] > m
 
     def _clean_top(self) -> bool:
         heap, counts, pos = self.heap, self.counts, self.pos
@@ -108,7 +121,7 @@ class PairBook:
             if c == 0:
                 heapq.heappop(heap)
             elif c != -negc or p != pos[k]:
-                heapq.heapreplace(heap, (-c, pos[k], k))
+                heapq.heapreplace(heap, heap_entry(c, pos[k], k))
             elif self._banned(k):
                 heapq.heappop(heap)  # never mergeable; it is not pushed again
             else:
@@ -173,7 +186,7 @@ class PairBook:
             if cand is None:
                 break
             k, c = cand
-            a, b = k >> 32, k & 0xFFFFFFFF
+            a, b = unpack_pair(k)
             if c < min_pair_count or (batch and (c <= bound or b in rights or a in lefts)):
                 break
             heapq.heappop(self.heap)

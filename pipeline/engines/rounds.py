@@ -1,69 +1,80 @@
-"""The merge-round loop (pure Python): plan a batch on the driver, run it on the blocks, apply
-the reports. ``BlockSet`` is the seam between this loop and where the blocks live: Spark
-partitions (``engines.spark.SparkBlocks``) or a list in this process (``InProcessBlocks``, used
-by the property tests so thousands of random cases need no JVM).
+"""The merge-round loop (pure Python): plan a batch on the driver, run it on the partitions,
+apply the reports. ``PartitionSet`` is the seam between this loop and where the partitions
+live: on Spark executors (``engines.spark.SparkPartitions``) or in this process
+(``InProcessPartitions``, used by the property tests so thousands of random cases need no JVM).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from pipeline.bpe import Merge
-from pipeline.engines.block import Block, Report, apply_round, combine_reports, initial_report
-from pipeline.engines.block import min_positions as block_min_positions
+from pipeline.engines.deltas import PairDeltas, combine_all
+from pipeline.engines.local import FlatMergeState
+from pipeline.engines.partition import Batch, apply_batch, current_pairs, min_positions
 from pipeline.engines.planner import PairBook
 
 log = logging.getLogger(__name__)
 
+Words = tuple[np.ndarray, np.ndarray, np.ndarray]  # (flat tokens, tokens per word, counts)
 
-class BlockSet(Protocol):
+
+class PartitionSet(Protocol):
     def partitions(self) -> tuple[list[int], list[int]]:
-        """(partition ids, first first_seen of each), non-empty partitions, ascending."""
+        """(partition ids, global position of each one's first symbol), non-empty partitions,
+        ascending."""
 
-    def initial_counts(self) -> Report: ...
+    def initial_counts(self) -> PairDeltas: ...
 
-    def run_round(self, batch: list[tuple[int, int, int]]) -> Report: ...
+    def run_round(self, batch: Batch) -> PairDeltas: ...
 
-    def min_positions(self, keys: np.ndarray) -> Report: ...
+    def min_positions(self, keys: np.ndarray) -> PairDeltas: ...
 
-    def collect(self) -> list[Block]: ...
+    def collect(self) -> list[Words]: ...
 
 
-@dataclass
-class InProcessBlocks:
-    blocks: list[Block]  # ascending first_seen ranges, none empty
+class InProcessPartitions:
+    """Partitions as states in this process: ``words`` split into ``parts`` consecutive ranges
+    (the words in first-seen order, as initial symbols), each with ``replay`` applied."""
+
+    def __init__(self, words: list[Words], base_size: int,
+                 replay: list[tuple[int, int]] | None = None):
+        self.states: list[FlatMergeState] = []
+        self.offsets: list[int] = []
+        at = 0
+        for flat, lengths, counts in words:
+            if len(lengths) == 0:
+                continue
+            st = FlatMergeState.build(flat, lengths, counts, base_size)
+            for a, b in replay or []:
+                st.apply_merge(a, b, st.base_size + st.n_segments - 1)
+            self.states.append(st)
+            self.offsets.append(at)
+            at += st.n
 
     def partitions(self) -> tuple[list[int], list[int]]:
-        return list(range(len(self.blocks))), [int(b.first_seen[0]) for b in self.blocks]
+        return list(range(len(self.states))), list(self.offsets)
 
-    def initial_counts(self) -> Report:
-        return _reduce([initial_report(b, p) for p, b in enumerate(self.blocks)])
+    def initial_counts(self) -> PairDeltas:
+        return combine_all([current_pairs(s, p, o) for p, (s, o)
+                            in enumerate(zip(self.states, self.offsets))])
 
-    def run_round(self, batch: list[tuple[int, int, int]]) -> Report:
-        reps = []
-        for p, b in enumerate(self.blocks):
-            self.blocks[p], r = apply_round(b, batch, p)
-            reps.append(r)
-        return _reduce(reps)
+    def run_round(self, batch: Batch) -> PairDeltas:
+        return combine_all([apply_batch(s, batch, p, o) for p, (s, o)
+                            in enumerate(zip(self.states, self.offsets))], len(batch))
 
-    def min_positions(self, keys: np.ndarray) -> Report:
-        return _reduce([block_min_positions(b, keys, p) for p, b in enumerate(self.blocks)])
+    def min_positions(self, keys: np.ndarray) -> PairDeltas:
+        return combine_all([min_positions(s, keys, p, o) for p, (s, o)
+                            in enumerate(zip(self.states, self.offsets))])
 
-    def collect(self) -> list[Block]:
-        return list(self.blocks)
-
-
-def _reduce(reports: Sequence[Report]) -> Report:
-    out = reports[0]
-    for r in reports[1:]:
-        out = combine_reports(out, r)
-    return out
+    def collect(self) -> list[Words]:
+        return [w for w in (s.words() for s in self.states) if len(w[1])]
 
 
 @dataclass
@@ -72,7 +83,6 @@ class RoundStats:
     merges_per_round: list[int] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
     working_set_tokens: list[int] = field(default_factory=list)
-    working_set_words: list[int] = field(default_factory=list)
     refresh_jobs: int = 0
 
 
@@ -85,7 +95,7 @@ class RoundResult:
 
 
 def run_rounds(
-    blocks: BlockSet,
+    parts: PartitionSet,
     token_len: list[int],
     target_merges: int,
     min_pair_count: int,
@@ -95,11 +105,11 @@ def run_rounds(
     on_round: Callable[[list[Merge], list[int], RoundStats], None] | None = None,
 ) -> RoundResult:
     """Make up to ``target_merges`` merges, stopping early when no pair qualifies or when
-    ``stop_when`` (given the working-set size in tokens) says to hand the rest to the driver.
-    New ids continue after ``token_len`` (the lengths of the tokens that exist already)."""
-    part_ids, starts = blocks.partitions()
-    book = PairBook(part_ids, starts, token_len, max_token_bytes)
-    init = blocks.initial_counts()
+    ``stop_when`` (given the working set's size in tokens) says to hand the rest to the
+    driver. New ids continue after ``token_len`` (the lengths of the tokens that exist)."""
+    part_ids, starts = parts.partitions()
+    book = PairBook(part_ids, starts, token_len, max_token_bytes, min_pair_count)
+    init = parts.initial_counts()
     book.apply(init)
     stats = RoundStats()
     merges: list[Merge] = []
@@ -111,13 +121,13 @@ def run_rounds(
             break
         t0 = time.time()
         batch = book.select_batch(max_batch, target_merges - len(merges), min_pair_count,
-                                  blocks.min_positions)
+                                  parts.min_positions)
         if not batch:
             finished = True
             break
         first_id = len(token_len) - len(batch)
         plan = [(a, b, first_id + i) for i, (a, b, _) in enumerate(batch)]
-        rep = blocks.run_round(plan)
+        rep = parts.run_round(plan)
         book.apply(rep)
         new = [Merge(a, b, first_id + i, c) for i, (a, b, c) in enumerate(batch)]
         new_removed = [int(x) for x in rep.removed]
@@ -128,7 +138,6 @@ def run_rounds(
         stats.merges_per_round.append(len(batch))
         stats.seconds_per_round.append(time.time() - t0)
         stats.working_set_tokens.append(rep.tokens)
-        stats.working_set_words.append(rep.words)
         stats.refresh_jobs = book.refreshes
         if on_round is not None:
             on_round(new, new_removed, stats)

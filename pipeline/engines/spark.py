@@ -1,13 +1,26 @@
-"""Merge rounds on Spark: the working set is an RDD of blocks, one per range partition of the
-word table (by ``first_seen``). Each round broadcasts the batch, rewrites only the words that
-contain a merged pair, and tree-aggregates the per-pair reports back to the driver. Initial
-pair counts are aggregated with ``reduceByKey``. Lineage is cut every few rounds.
+"""Merge rounds on Spark: each partition of the working set is a :class:`FlatMergeState`
+kept in the scratch directory of the executor that built it (``engines/partition.py``).
+
+- The word table is range-partitioned by ``first_seen`` and cut into Arrow chunks of at most
+  ``CHUNK_BYTES`` (no record is ever bigger), persisted on disk: the recovery path.
+- A *holder* task per partition builds the partition's state from its chunks, on the
+  executor that runs it, and leaves a one-row record in Spark's cache. Later tasks over the
+  holders run where those records are (Spark's locality), open the state there and ship only
+  what a round changed. Nothing of the working set crosses between the JVM and Python after
+  the build, and a round costs the occurrences it merges plus one Spark job.
+- Initial pair counts are aggregated with ``reduceByKey``; each round's batch goes out in the
+  task closure and the count deltas come back through ``treeReduce``.
+- An executor lost with its states: Spark recomputes the lost holders from the chunks, and the
+  next task replays the merges the state missed from the merge history, which each round ships
+  (as a broadcast renewed every ``HISTORY_EVERY`` rounds, and the merges since). A state that a
+  killed task left half-changed is reported as lost; the driver then rebuilds every unusable
+  partition from its chunks and runs the round again.
 """
 
 from __future__ import annotations
 
-import io
 import logging
+import uuid
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,32 +28,19 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from pipeline import fsutil
-from pipeline.engines.block import (
-    NO_POS,
-    Block,
-    Report,
-    apply_round,
-    combine_reports,
-    initial_report,
+from pipeline.engines.deltas import PairDeltas, combine
+from pipeline.engines.partition import (
+    Batch,
+    PartitionLost,
+    PartitionStore,
+    current_pairs,
     min_positions,
-    replay_block,
 )
 
 log = logging.getLogger(__name__)
 
-_ARRAYS = ("tok", "sp", "lengths", "counts", "first_seen")
-
-
-def _pack(blk: Block) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **{k: getattr(blk, k) for k in _ARRAYS})
-    return buf.getvalue()
-
-
-def _unpack(data: bytes) -> Block:
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return Block(*(z[k] for k in _ARRAYS))
+CHUNK_BYTES = 4 << 20  # word bytes per chunk record
+HISTORY_EVERY = 25  # rounds between broadcasts of the whole merge history
 
 
 def symbols_of(words: pa.Array, char_ids: dict[str, int] | None, suffix_id: int | None
@@ -52,7 +52,7 @@ def symbols_of(words: pa.Array, char_ids: dict[str, int] | None, suffix_id: int 
             words.offset : words.offset + len(words) + 1
         ]
         data = np.frombuffer(words.buffers()[2], dtype=np.uint8)
-        flat = data[offsets[0] : offsets[-1]].astype(np.int32)
+        flat = data[offsets[0] : offsets[-1]]  # a view: the bytes are the symbols
         return flat, np.diff(offsets).astype(np.int64)
     seqs = []
     for w in words.to_pylist():
@@ -65,171 +65,223 @@ def symbols_of(words: pa.Array, char_ids: dict[str, int] | None, suffix_id: int 
     return flat, lengths
 
 
-class SparkBlocks:
-    """The working set as a cached RDD of (partition id, Block)."""
+def _chunker(chunk_bytes: int):
+    """Rows of one range partition (sorted by first_seen) -> Arrow IPC chunks of about
+    ``chunk_bytes`` of words each."""
+    return lambda batches: _chunk_partition(batches, chunk_bytes)
+
+
+def _chunk_partition(batches: Iterator[pa.RecordBatch], chunk_bytes: int
+                     ) -> Iterator[pa.RecordBatch]:
+    rows: list[pa.RecordBatch] = []
+    size = 0
+
+    def flush() -> pa.RecordBatch:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows[0].schema) as writer:
+            for b in rows:
+                writer.write_batch(b)
+        return pa.RecordBatch.from_pydict({"blob": pa.array([sink.getvalue().to_pybytes()],
+                                                            pa.binary())})
+
+    for batch in batches:
+        step = max(1, min(8192, batch.num_rows * chunk_bytes // max(batch.nbytes, 1)))
+        for start in range(0, batch.num_rows, step):
+            piece = batch.slice(start, step)
+            rows.append(piece)
+            size += piece.nbytes
+            if size >= chunk_bytes:
+                yield flush()
+                rows, size = [], 0
+    if rows:
+        yield flush()
+
+
+def _read_chunks(blobs: Iterator[bytes]) -> pa.Table | None:
+    batches = [b for blob in blobs for b in pa.ipc.open_stream(blob)]
+    return pa.Table.from_batches(batches) if batches else None
+
+
+class SparkPartitions:
+    """The working set as partition states on the executors (see the module docstring)."""
 
     def __init__(self, spark: SparkSession, words: DataFrame, num_partitions: int,
-                 char_ids: dict[str, int] | None, suffix_id: int | None,
-                 lineage_every_rounds: int = 25, rdd_checkpoint_dir: str | None = None,
-                 replay: list[tuple[int, int, int]] | None = None):
-        """``rdd_checkpoint_dir``: where lineage cuts are written on a cluster (a directory
-        every executor and the driver can reach: HDFS, S3A, or a shared/local path when all
-        executors run on one machine). Without it, or in ``local[...]`` mode where there is
-        no executor to lose, lineage is cut with ``localCheckpoint`` (in executor storage)."""
-        self.spark = spark
+                 char_ids: dict[str, int] | None, suffix_id: int | None, base_size: int,
+                 replay: list[tuple[int, int]] | None = None, chunk_bytes: int = CHUNK_BYTES):
         self.sc = spark.sparkContext
-        self.lineage_every = lineage_every_rounds
+        self.run = uuid.uuid4().hex[:12]
+        self.base_size = base_size
+        self.history = np.asarray(replay or [], dtype=np.int64).reshape(-1, 2)
+        self.gen = len(self.history)
         self.rounds = 0
-        self._ckpt_root: str | None = None
-        self.reliable = bool(rdd_checkpoint_dir) and not is_local_master(self.sc.master)
-        if self.reliable:
-            self.sc.setCheckpointDir(rdd_checkpoint_dir)
-            self._ckpt_root = self.sc.getCheckpointDir()
-        ids_bc = self.sc.broadcast((char_ids, suffix_id))
+        self.rebuilds = 0
+        self.chunk_count = 0
+        self._ids = self.sc.broadcast((char_ids, suffix_id))
+        parts = num_partitions or self.sc.defaultParallelism
+        chunks = (words.select("word", "count", "first_seen")
+                  .repartitionByRange(parts, "first_seen").sortWithinPartitions("first_seen")
+                  .mapInArrow(_chunker(chunk_bytes), "blob binary"))
+        self.chunks = chunks.rdd.map(lambda r: bytes(r[0])).persist(StorageLevel.DISK_ONLY)
+        self.chunk_count = self.chunks.count()
+        self._hist_bc = self.sc.broadcast(self.history)
+        self._hist_at = self.gen  # merges in the history broadcast
+        self._old_bcs: list = []
+        self.holders = self._build_holders(self._hist_bc)
+        sizes = dict(self.holders.collect())
+        self.parts = sorted(sizes)
+        self.offsets: dict[int, int] = {}
+        acc = 0
+        for p in self.parts:  # range partitions: ids ascend with first_seen
+            self.offsets[p] = acc
+            acc += sizes[p]
 
-        def build(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            from pyspark import TaskContext
+    # -- holders -------------------------------------------------------------------------------
+    def _build_holders(self, hist_bc):
+        run, base, ids_bc = self.run, self.base_size, self._ids
 
-            batches = [b for b in batches if b.num_rows]
-            if not batches:
+        def build(index: int, blobs: Iterator[bytes]) -> Iterator[tuple[int, int]]:
+            store = PartitionStore(run, index)
+            history = hist_bc.value
+            meta = store.read_meta()
+            if meta and not meta.get("dirty"):  # still here (a recomputed holder): keep it
+                for _ in blobs:
+                    pass
+                yield index, int(meta["scalars"]["n"])
                 return
-            table = pa.Table.from_batches(batches)
-            table = table.sort_by("first_seen")
+            table = _read_chunks(blobs)
+            if table is None:
+                return
             cids, sid = ids_bc.value
             flat, lengths = symbols_of(table.column("word"), cids, sid)
-            blk = Block.from_symbols(flat, lengths, table.column("count").to_numpy(),
-                                     table.column("first_seen").to_numpy())
-            if len(blk.lengths) == 0:
-                return
-            yield pa.RecordBatch.from_pydict(
-                {"pid": pa.array([TaskContext.get().partitionId()], pa.int32()),
-                 "blob": pa.array([_pack(blk)], pa.binary())}
-            )
+            st = store.build(flat, lengths, table.column("count").to_numpy(), base, history)
+            yield index, st.n
 
-        parts = num_partitions or self.sc.defaultParallelism
-        packed = words.select("word", "count", "first_seen").repartitionByRange(
-            parts, "first_seen").mapInArrow(
-            build, "pid int, blob binary"
-        )
-        raw = packed.rdd.map(lambda r: (r["pid"], _unpack(r["blob"]))).persist(
-            StorageLevel.MEMORY_AND_DISK)
-        sizes = dict(raw.map(lambda r: (r[0], len(r[1].lengths))).collect())
-        # first_seen is any order-preserving int64 (e.g. packed file/row/rank); blocks use the
-        # dense rank instead, so a position (first_seen << POS_BITS | offset) fits in 64 bits
-        self._parts, self._starts, offsets, acc = [], [], {}, 0
-        for p in sorted(sizes):  # range partitions: ids ascend with first_seen
-            offsets[p] = acc
-            self._parts.append(p)
-            self._starts.append(acc)
-            acc += sizes[p]
-        off_bc = self.sc.broadcast(offsets)
-        state = raw.map(lambda r: (r[0], r[1].renumbered(off_bc.value[r[0]])))
-        if replay:  # resume: replay the checkpointed merges in one pass
-            replay_bc = self.sc.broadcast(replay)
-            state = state.map(lambda r: (r[0], replay_block(r[1], replay_bc.value)))
-        self.state = state.persist(StorageLevel.MEMORY_AND_DISK)
-        self._raw = raw  # dropped once the state is materialized (initial_counts)
-        self._previous: list = []
-        self._round_bcs: list = []  # broadcasts of the rounds since the last lineage cut
+        holders = self.chunks.mapPartitionsWithIndex(build).persist(StorageLevel.MEMORY_ONLY)
+        holders.count()
+        return holders
 
+    def _history_fn(self):
+        """What a task needs to replay missed merges: the broadcast plus the merges since."""
+        bc, tail = self._hist_bc, self.history[self._hist_at:].copy()
+        return lambda: np.concatenate([bc.value, tail]) if len(tail) else bc.value
+
+    def _renew_history(self) -> None:
+        self._old_bcs.append(self._hist_bc)
+        self._hist_bc = self.sc.broadcast(self.history)
+        self._hist_at = len(self.history)
+
+    def _rebuild(self) -> None:
+        """Rebuild every partition whose state is missing or half-changed, from its chunks,
+        with the whole history replayed (after a task reported :class:`PartitionLost`)."""
+        self.rebuilds += 1
+        log.warning("rebuilding lost partition states from the word table (%d merges to "
+                    "replay)", self.gen)
+        self._renew_history()
+        old = self.holders
+        self.holders = self._build_holders(self._hist_bc)
+        old.unpersist(blocking=False)
+
+    def _job(self, fn, reduce: bool = True):
+        """Run ``fn(store, index)`` on every non-empty partition, rebuilding once if a state
+        was lost; returns the combined report (or the collected results)."""
+        run = self.run
+
+        def task(index: int, recs: Iterator) -> Iterator:
+            if sum(1 for _ in recs):
+                yield fn(PartitionStore(run, index), index)
+
+        def job():
+            rdd = self.holders.mapPartitionsWithIndex(task)
+            return rdd.treeReduce(combine) if reduce else rdd.collect()
+
+        return self._rebuilding(job)
+
+    def _rebuilding(self, job):
+        """``job()``, after rebuilding the lost partitions if it reports one (at most twice)."""
+        for attempt in range(3):
+            try:
+                return job()
+            except Exception as exc:  # noqa: BLE001 - py4j wraps the task's exception
+                if PartitionLost.MARK not in str(exc) or attempt == 2:
+                    raise
+                self._rebuild()
+        raise AssertionError("unreachable")
+
+    # -- the PartitionSet protocol (engines/rounds.py) --------------------------------------------
     def partitions(self) -> tuple[list[int], list[int]]:
-        return list(self._parts), list(self._starts)
+        return list(self.parts), [self.offsets[p] for p in self.parts]
 
-    def initial_counts(self) -> Report:
+    def initial_counts(self) -> PairDeltas:
         """Pair counts and smallest positions, aggregated with reduceByKey."""
+        gen, offsets, history = self.gen, self.offsets, self._history_fn()
+        run = self.run
 
-        def pairs_of(rec):
-            pid, blk = rec
-            r = initial_report(blk, pid)
-            yield (-1 - pid, (r.tokens, len(blk.lengths), 0))  # one size entry per partition
+        def pairs_of(index: int, recs: Iterator) -> Iterator:
+            if not sum(1 for _ in recs):
+                return
+            st = PartitionStore(run, index).at_gen(gen, history)
+            r = current_pairs(st, index, offsets[index])
+            yield (-1 - index, (r.tokens, 0, 0))  # one size entry per partition
             yield from zip(r.keys.tolist(), zip(r.deltas.tolist(), r.part.tolist(),
                                                 r.min_pos.tolist()))
 
-        def combine(x, y):  # counts add up; the lowest partition's smallest position wins
+        def add(x, y):  # counts add up; the lowest partition's smallest position wins
             return (x[0] + y[0], *min(x[1:], y[1:]))
 
-        rows = self.state.flatMap(pairs_of).reduceByKey(combine).collect()
-        self._raw.unpersist(blocking=False)
-        sizes = [v for k, v in rows if k < 0]
+        rows = self._rebuilding(
+            lambda: self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(add).collect())
+        tokens = sum(v[0] for k, v in rows if k < 0)
         rows = sorted((k, v) for k, v in rows if k >= 0)
         keys = np.array([k for k, _ in rows], dtype=np.int64)
         vals = np.array([v for _, v in rows], dtype=np.int64).reshape(-1, 3)
-        return Report(keys, vals[:, 0], vals[:, 1].astype(np.int32), vals[:, 2],
-                      np.zeros(0, dtype=np.int64), sum(s[0] for s in sizes),
-                      sum(s[1] for s in sizes))
+        return PairDeltas(keys, vals[:, 0], vals[:, 1].astype(np.int32), vals[:, 2],
+                          np.zeros(0, dtype=np.int64), tokens)
 
-    def run_round(self, batch: list[tuple[int, int, int]]) -> Report:
-        bc = self.sc.broadcast(batch)
-        out = self.state.map(lambda rec: (rec[0], *apply_round(rec[1], bc.value, rec[0])))
-        out = out.persist(StorageLevel.MEMORY_AND_DISK)
-        rep = out.map(lambda x: x[2]).treeReduce(combine_reports)
-        # the next state is derived from the cached output; cut lineage every few rounds.
-        # Until the cut, a lost executor's blocks are recomputed through this round's map, so
-        # its broadcast must stay alive: a Python worker that already saw it keeps reading the
-        # executor's file of it, which unpersist deletes (FileNotFoundError on recompute).
-        self._round_bcs.append(bc)
-        state = out.map(lambda x: (x[0], x[1]))
+    def run_round(self, batch: Batch) -> PairDeltas:
+        if self.rounds and self.rounds % HISTORY_EVERY == 0:
+            self._renew_history()
+            while len(self._old_bcs) > 1:  # the holders' own broadcast stays alive
+                self._old_bcs.pop(0).unpersist(blocking=False)
+        round_no, gen, offsets = self.rounds, self.gen, self.offsets
+        history, plan = self._history_fn(), list(batch)
+        rep = self._job(lambda store, i: store.run_round(round_no, gen, plan, offsets[i],
+                                                         history))
+        self.history = np.concatenate([self.history,
+                                       np.array([(a, b) for a, b, _ in plan], np.int64)
+                                       .reshape(-1, 2)])
+        self.gen += len(plan)
         self.rounds += 1
-        if self.rounds % self.lineage_every == 0:
-            state = state.persist(StorageLevel.MEMORY_AND_DISK)
-            if self.reliable:  # written to the checkpoint dir: survives executor loss
-                state.checkpoint()
-            else:  # local mode: executor storage (there is no executor to lose on its own)
-                state.localCheckpoint()
-            state.count()
-            self._drop_previous()
-            out.unpersist(blocking=False)
-            self._drop_broadcasts()
-        else:
-            self._previous.append(out)
-            if len(self._previous) > 2:
-                self._previous.pop(0).unpersist(blocking=False)
-        old = self.state
-        self.state = state
-        if old.is_cached and old is not state:
-            old.unpersist(blocking=False)
         return rep
 
-    def _drop_broadcasts(self) -> None:
-        for b in self._round_bcs:
-            b.unpersist(blocking=False)
-        self._round_bcs.clear()
+    def min_positions(self, keys: np.ndarray) -> PairDeltas:
+        gen, offsets, history = self.gen, self.offsets, self._history_fn()
+        return self._job(lambda store, i: min_positions(store.at_gen(gen, history), keys, i,
+                                                        offsets[i]))
 
-    def _drop_previous(self) -> None:
-        for r in self._previous:
-            r.unpersist(blocking=False)
-        self._previous.clear()
-
-    def min_positions(self, keys: np.ndarray) -> Report:
-        bc = self.sc.broadcast(keys)
-        rep = self.state.map(lambda rec: min_positions(rec[1], bc.value, rec[0])).treeReduce(
-            combine_reports
-        )
-        bc.unpersist(blocking=False)
-        return rep
-
-    def collect(self) -> list[Block]:
-        recs = self.state.collect()
-        order = {p: i for i, p in enumerate(self._parts)}
-        return [b for _, b in sorted(recs, key=lambda x: order.get(x[0], len(order)))
-                if len(b.lengths)]
+    def collect(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The current words with two or more tokens, partition by partition in corpus order:
+        (flat tokens, tokens per word, counts)."""
+        gen, history = self.gen, self._history_fn()
+        out = self._job(lambda store, i: (i, *store.at_gen(gen, history).words()),
+                        reduce=False)
+        return [tuple(r[1:]) for r in sorted(out, key=lambda r: r[0]) if len(r[2])]
 
     def close(self) -> None:
-        self._drop_previous()
-        self._drop_broadcasts()
-        self.state.unpersist(blocking=False)
-        if self._ckpt_root:  # this run's RDD checkpoints (setCheckpointDir made a fresh subdir)
-            try:
-                fsutil.delete(self.spark, self._ckpt_root)
-            except Exception as exc:  # leftover files are harmless; never fail the run on it
-                log.warning("could not remove RDD checkpoints %s: %s", self._ckpt_root, exc)
-            self._ckpt_root = None
+        """Remove the partition states and drop what Spark cached for them."""
+        run = self.run
+
+        def remove(index: int, recs: Iterator) -> Iterator[int]:
+            PartitionStore(run, index).remove()
+            yield index
+
+        try:
+            self.holders.mapPartitionsWithIndex(remove).count()
+        except Exception as exc:  # noqa: BLE001 - leftovers go with the application's dirs
+            log.warning("could not remove the partition states: %s", str(exc).splitlines()[0])
+        self.holders.unpersist(blocking=False)
+        self.chunks.unpersist(blocking=False)
+        for b in [*self._old_bcs, self._hist_bc, self._ids]:
+            b.unpersist(blocking=False)
 
 
-def is_local_master(master: str) -> bool:
-    """``local``/``local[N]``: driver and executor are one process, so no executor can be lost
-    on its own (``local-cluster[...]`` has separate executor JVMs and is not local here)."""
-    return master == "local" or master.startswith("local[")
-
-
-__all__ = ["SparkBlocks", "symbols_of", "is_local_master", "NO_POS"]
+__all__ = ["SparkPartitions", "symbols_of", "CHUNK_BYTES"]

@@ -1,0 +1,55 @@
+"""What merge rounds report back to the driver: per pair, the count delta and the smallest
+position left (pure numpy, no Spark)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.order import NO_POSITION
+
+
+@dataclass
+class PairDeltas:
+    """What one round (or the initial count) did in one or more partitions: per pair key
+    (sorted) the count delta, the lowest partition that reported it, and the smallest position
+    the pair still has in that partition (NO_POSITION if none). Positions are global: words of
+    all partitions end to end, in first-seen order."""
+
+    keys: np.ndarray  # int64 pair keys, ascending
+    deltas: np.ndarray  # int64
+    part: np.ndarray  # int32 partition index
+    min_pos: np.ndarray  # int64
+    removed: np.ndarray  # corpus tokens removed by each merge of the batch
+    tokens: int  # tokens left in the working set (unweighted)
+
+    @classmethod
+    def empty(cls, batch_len: int = 0) -> PairDeltas:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z, z.astype(np.int32), z, np.zeros(batch_len, dtype=np.int64), 0)
+
+
+def combine(x: PairDeltas, y: PairDeltas) -> PairDeltas:
+    """Merge two reports: deltas add up; the position reported by the lowest partition wins."""
+    keys = np.concatenate([x.keys, y.keys])
+    part = np.concatenate([x.part, y.part])
+    order = np.lexsort((part, keys))
+    keys, part = keys[order], part[order]
+    deltas = np.concatenate([x.deltas, y.deltas])[order]
+    mins = np.concatenate([x.min_pos, y.min_pos])[order]
+    first = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(first)
+    sums = np.add.reduceat(deltas, starts) if len(starts) else deltas[:0]
+    return PairDeltas(keys[starts], sums, part[starts], mins[starts], x.removed + y.removed,
+                      x.tokens + y.tokens)
+
+
+def combine_all(reports: list[PairDeltas], batch_len: int = 0) -> PairDeltas:
+    out = PairDeltas.empty(batch_len)
+    for r in reports:
+        out = combine(out, r)
+    return out
+
+
+__all__ = ["PairDeltas", "combine", "combine_all", "NO_POSITION"]

@@ -1,0 +1,118 @@
+"""Sizing a run (pure Python, no Spark): what the driver engine needs for a word table, what
+the driver has, and which engine ``auto`` picks from the two.
+
+The driver engine (``engines/local.py``) holds, per symbol of the word table (a byte of a
+distinct word, bytes alphabet), about 18 bytes of token/link/weight arrays, 5-6 bytes of
+stored positions and a few bytes of per-pair arrays; with what the load and the process itself
+take, the peak RSS of the whole driver process was 38.4 bytes per symbol on the 1 GB scale
+corpus (29.2 M symbols; BENCHMARKS.md, "Sizing"). :data:`LOCAL_BYTES_PER_SYMBOL` rounds that up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+LOCAL_BYTES_PER_SYMBOL = 42  # measured 38.4 (BENCHMARKS.md), plus a margin
+DRIVER_BASE_BYTES = 400 << 20  # interpreter, numpy/pyarrow, py4j, outputs and report
+BUDGET_SHARE = 0.8  # of the memory found, leave a fifth for everything else
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: int
+    source: str  # how it was found, for the log
+
+
+def local_engine_bytes(symbols: int) -> int:
+    """Peak memory of the driver process training ``symbols`` symbols on the driver."""
+    return DRIVER_BASE_BYTES + LOCAL_BYTES_PER_SYMBOL * int(symbols)
+
+
+def parse_size(text: str | None, default_unit: str = "m") -> int | None:
+    """Spark's memory strings (``512m``, ``2g``, ``1536``: MiB by default) in bytes."""
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*", text.lower())
+    if not m:
+        return None
+    unit = m.group(2) or default_unit
+    return int(float(m.group(1)) * 1024 ** " kmgtp".index(unit))
+
+
+def available_bytes(meminfo: str = "/proc/meminfo",
+                    cgroup: str = "/sys/fs/cgroup") -> tuple[int | None, str]:
+    """Memory this process could still use: the machine's MemAvailable, lowered to what is left
+    under a container's cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    avail, what = None, ""
+    try:
+        with open(meminfo, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail, what = int(line.split()[1]) * 1024, "available on this machine"
+    except OSError:
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes",
+                                    "memory/memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(cgroup, limit_file), encoding="ascii") as fh:
+                limit = fh.read().strip()
+            with open(os.path.join(cgroup, usage_file), encoding="ascii") as fh:
+                usage = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            left = int(limit) - usage
+            if avail is None or left < avail:
+                avail, what = left, "left under the container's memory limit"
+        break
+    return avail, what
+
+
+def driver_budget(configured_mb: int, conf: dict[str, str],
+                  available: tuple[int | None, str] | None = None) -> Budget:
+    """What the driver engine may use: ``driver_budget_mb`` when set; else, in cluster deploy
+    mode, the driver container's memory overhead (the JVM heap is ``spark.driver.memory``,
+    Python lives in the overhead); in local and client mode the memory available here less
+    the driver JVM's heap. A share of it is kept free."""
+    if configured_mb:
+        return Budget(configured_mb * MB, "driver_budget_mb")
+    avail, what = available if available is not None else available_bytes()
+    heap = parse_size(conf.get("spark.driver.memory")) or 1024 * MB
+    if conf.get("spark.submit.deployMode") == "cluster":
+        overhead = parse_size(conf.get("spark.driver.memoryOverhead"))
+        source = "spark.driver.memoryOverhead"
+        if overhead is None:
+            factor = float(conf.get("spark.driver.memoryOverheadFactor", "0.1"))
+            overhead = max(384 * MB, int(factor * heap))
+            source = f"the driver's default memory overhead ({factor:g} x spark.driver.memory)"
+        found = overhead if avail is None else min(overhead, avail)
+        return Budget(int(BUDGET_SHARE * found),
+                      f"{BUDGET_SHARE:.0%} of {found / 2**30:.1f} GB: {source}")
+    if avail is None:
+        return Budget(int(BUDGET_SHARE * heap),
+                      f"{BUDGET_SHARE:.0%} of spark.driver.memory (free memory unknown)")
+    found = max(avail - heap, 0)
+    return Budget(int(BUDGET_SHARE * found),
+                  f"{BUDGET_SHARE:.0%} of {found / 2**30:.1f} GB: {avail / 2**30:.1f} GB {what} "
+                  f"less the driver JVM's heap ({heap / 2**30:.1f} GB)")
+
+
+def choose_engine(requested: str, symbols: int, budget: Budget) -> tuple[str, str]:
+    """The engine to run and why (one log line's worth)."""
+    need = local_engine_bytes(symbols)
+    numbers = (f"the driver engine needs about {need / 2**30:.2f} GB for {symbols:,} symbols "
+               f"({LOCAL_BYTES_PER_SYMBOL} B/symbol + {DRIVER_BASE_BYTES / 2**30:.1f} GB); "
+               f"driver budget {budget.bytes / 2**30:.2f} GB ({budget.source})")
+    if requested != "auto":
+        return requested, f"engine {requested} (as configured): {numbers}"
+    engine = "local" if need <= budget.bytes else "spark"
+    return engine, f"engine auto -> {engine}: {numbers}"
+
+
+def fits_driver(tokens: int, budget: Budget) -> bool:
+    """Whether a working set of ``tokens`` tokens can be finished on the driver."""
+    return local_engine_bytes(tokens) <= budget.bytes

@@ -1,0 +1,78 @@
+"""Sizing a run: the driver budget and the engine ``auto`` picks from it (no JVM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.memory import (
+    DRIVER_BASE_BYTES,
+    LOCAL_BYTES_PER_SYMBOL,
+    MB,
+    Budget,
+    available_bytes,
+    choose_engine,
+    driver_budget,
+    fits_driver,
+    local_engine_bytes,
+    parse_size,
+)
+
+GB = 1 << 30
+
+
+def test_auto_takes_the_driver_only_when_the_budget_holds_the_table():
+    symbols = 29_215_599  # the 1 GB scale corpus
+    need = DRIVER_BASE_BYTES + LOCAL_BYTES_PER_SYMBOL * symbols
+    assert local_engine_bytes(symbols) == need
+    engine, why = choose_engine("auto", symbols, Budget(need, "test"))
+    assert engine == "local" and why.startswith("engine auto -> local: the driver engine needs")
+    engine, why = choose_engine("auto", symbols, Budget(need - 1, "test"))
+    assert engine == "spark" and "29,215,599 symbols" in why and "(test)" in why
+    # an explicit engine is kept whatever the numbers say, and the numbers are still logged
+    assert choose_engine("local", symbols, Budget(1, "test"))[0] == "local"
+    assert choose_engine("spark", 10, Budget(100 * GB, "test"))[0] == "spark"
+    # the hand-off from Spark rounds: once the working set fits
+    assert fits_driver(symbols, Budget(need, "t")) and not fits_driver(symbols + 1,
+                                                                       Budget(need, "t"))
+
+
+def test_the_budget_comes_from_the_driver_memory_that_exists():
+    conf = {"spark.driver.memory": "2g"}
+    # local and client mode: what this machine has, less the driver JVM's heap, 80% of it
+    b = driver_budget(0, conf, available=(12 * GB, "available on this machine"))
+    assert b.bytes == int(0.8 * 10 * GB) and "available on this machine" in b.source
+    # cluster mode: the container's overhead (Python lives there, the heap is the JVM's)
+    cluster = {**conf, "spark.submit.deployMode": "cluster"}
+    b = driver_budget(0, {**cluster, "spark.driver.memoryOverhead": "3g"},
+                      available=(64 * GB, "x"))
+    assert b.bytes == int(0.8 * 3 * GB) and "memoryOverhead" in b.source
+    b = driver_budget(0, cluster, available=(64 * GB, "x"))  # default overhead: 10%, >= 384m
+    assert b.bytes == int(0.8 * 384 * MB)
+    b = driver_budget(0, {**cluster, "spark.driver.memory": "20g"}, available=(64 * GB, "x"))
+    assert b.bytes == int(0.8 * 2 * GB)
+    # a configured budget wins
+    assert driver_budget(1500, cluster, available=(1, "x")) == Budget(1500 * MB,
+                                                                       "driver_budget_mb")
+
+
+@pytest.mark.parametrize("text,expected", [("512m", 512 * MB), ("2g", 2 * GB), ("1536", 1536 * MB),
+                                           ("1.5g", int(1.5 * GB)), ("300k", 300 * 1024),
+                                           ("", None), ("lots", None)])
+def test_spark_memory_strings(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 25000000 kB\nMemAvailable: 20000000 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    assert available_bytes(str(meminfo), str(cg)) == (20000000 * 1024,
+                                                      "available on this machine")
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("123\n")
+    assert available_bytes(str(meminfo), str(cg))[0] == 20000000 * 1024  # no limit
+    (cg / "memory.max").write_text(f"{4 * GB}\n")
+    (cg / "memory.current").write_text(f"{1 * GB}\n")
+    assert available_bytes(str(meminfo), str(cg)) == (
+        3 * GB, "left under the container's memory limit")
