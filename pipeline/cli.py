@@ -15,13 +15,17 @@ Checkpoints make a failed or cancelled training run resumable: run the same comm
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
 
+from pipeline import faults
 from pipeline.config import Config, ConfigError, resolve, validate
+from pipeline.progress import current_stage
 
 log = logging.getLogger("pipeline.cli")
 
@@ -56,6 +60,47 @@ def one_line_reason(exc: BaseException) -> str:
     if len(reason) > _MAX_REASON:
         reason = reason[: _MAX_REASON - 3] + "..."
     return reason
+
+
+def driver_memory_advice() -> str:
+    """What the driver had and what to change, after a MemoryError in this process."""
+    from pipeline.spark_session import spark_settings
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    conf = spark_settings()
+    where = ("spark.driver.memoryOverhead (cluster deploy mode: Python lives there)"
+             if conf.get("spark.submit.deployMode") == "cluster" else "the driver machine")
+    return (f"the driver's Python process reached {peak:.2f} GB (peak RSS); give it more memory "
+            f"({where}), or set --driver-budget-mb below that so that engine auto trains with "
+            "Spark rounds instead (README: Sizing a run); the checkpoints are intact: rerun "
+            "the same command to resume")
+
+
+def jvm_memory_failure(exc: BaseException) -> str:
+    """A one-line explanation when ``exc`` says a JVM ran out of memory or the driver's JVM
+    is gone (it usually dies of that), else ''."""
+    text = f"{type(exc).__name__}: {exc}"
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        with contextlib.suppress(Exception):  # the JVM may be gone
+            text += str(java.toString())
+    from pipeline.spark_session import spark_settings
+
+    conf = spark_settings()
+    resume = "; the checkpoints are intact: rerun the same command to resume"
+    if "OutOfMemoryError" in text:
+        executor = "executor" in text.lower() and "driver" not in text.lower()
+        key = "spark.executor.memory" if executor else "spark.driver.memory"
+        flag = "--executor-memory" if executor else "--driver-memory"
+        return (f"a JVM ran out of memory (java.lang.OutOfMemoryError; {key} = "
+                f"{conf.get(key, '1g (default)')}): raise it with spark-submit {flag}{resume}")
+    gone = ("Py4JNetworkError", "Answer from Java side is empty", "Connection refused",
+            "Error while sending or receiving")
+    if any(g in text for g in gone):
+        return ("the driver's JVM exited (spark.driver.memory = "
+                f"{conf.get('spark.driver.memory', '1g (default)')}; an OutOfMemoryError in "
+                "its log means: raise spark-submit --driver-memory)" + resume)
+    return ""
 
 
 class Terminated(KeyboardInterrupt):
@@ -117,9 +162,21 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
     except KeyboardInterrupt:
         print(f"error: {job} interrupted; rerun the same command to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except MemoryError:
+        faults.lift()
+        log.error("%s job ran out of memory", job, exc_info=True)
+        sys.stderr.flush()
+        print(f"error: {job} ran out of memory in stage '{current_stage()}': "
+              f"{driver_memory_advice()}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:
         log.error("%s job failed", job, exc_info=True)
         sys.stderr.flush()
-        print(f"error: {job} failed: {one_line_reason(exc)} (traceback above)",
-              file=sys.stderr)
+        jvm = jvm_memory_failure(exc)
+        where = f" in stage '{current_stage()}'" if current_stage() != "start" else ""
+        if jvm:
+            print(f"error: {job} failed{where}: {jvm}", file=sys.stderr)
+        else:
+            print(f"error: {job} failed{where}: {one_line_reason(exc)} (traceback above)",
+                  file=sys.stderr)
         return EXIT_FAILED

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipeline.config import Config
+
+_settings: dict[str, str] = {}  # the Spark settings of the session built last
+
+
+def spark_settings() -> dict[str, str]:
+    """The settings of the session built last (kept for error messages after the JVM died)."""
+    return dict(_settings)
 
 
 class DeferredSession:
@@ -125,9 +134,11 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
 
         sc = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
         sc.setLogLevel("WARN")
+        _settings.update(sc.getConf().getAll())
         return DeferredSession(builder, sc, after)  # type: ignore[return-value]
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _settings.update(spark.sparkContext.getConf().getAll())
     after(spark)
     return spark
 
@@ -148,3 +159,38 @@ def _submit_conf() -> dict[str, str]:
 
     SparkContext._ensure_initialized()
     return dict(SparkConf().getAll())
+
+
+@contextlib.contextmanager
+def job_group(sc: SparkContext, name: str) -> Iterator[str]:
+    """Run the jobs this thread submits under a fresh job group (for :func:`task_progress`)."""
+    group = f"spark-bpe-{name}-{uuid.uuid4().hex[:8]}"
+    previous = sc.getLocalProperty("spark.jobGroup.id")
+    sc.setJobGroup(group, f"spark-bpe {name}")
+    try:
+        yield group
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", previous)  # type: ignore[arg-type]
+
+
+def task_progress(sc: SparkContext, group: str) -> Callable[[], dict]:
+    """A poll for :class:`pipeline.progress.Stage`: tasks done, total and running in the
+    group's jobs, from Spark's status tracker."""
+    tracker = sc.statusTracker()
+
+    def poll() -> dict:
+        done = total = running = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in (job.stageIds if job else ()):
+                st = tracker.getStageInfo(stage_id)
+                if st is not None:
+                    total += st.numTasks
+                    done += st.numCompletedTasks
+                    running += st.numActiveTasks
+        out: dict = {"done": done, "running": running}
+        if total:
+            out["total"] = total
+        return out
+
+    return poll

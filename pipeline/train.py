@@ -1,6 +1,13 @@
-"""End-to-end training: word table -> merges -> run directory.
+"""End-to-end training: word table -> merges -> run directory, in three stages.
 
-Engines (all give the identical merge list):
+1. :func:`prepare`: the word table (counted, or reused while its input is unchanged), the base
+   vocabulary, the fingerprint that ties checkpoints and a finished run to the settings and
+   the table, the merges already checkpointed, and the engine (decided by memory);
+2. :func:`make_merges`: the engines make the merges; a :class:`MergeLog` appends them, keeps
+   the vocabulary, reports progress and writes checkpoints;
+3. :func:`publish`: exports, trace, report, stats and config, then ``run.json`` last.
+
+Engines (all give the identical merge list; docs/DESIGN.md):
 - ``local``: the vectorized incremental trainer on the driver (``engines.local``);
 - ``spark``: distributed merge rounds (``engines.spark`` + ``engines.rounds``);
 - ``auto``: the driver from the start when its memory budget holds the word table
@@ -14,7 +21,6 @@ import json
 import logging
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +31,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline import fsutil
+from pipeline import faults, fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings, list_names
 from pipeline.config import Config, ConfigError
@@ -42,8 +48,9 @@ from pipeline.count.word_count import (
 from pipeline.engines.local import LocalTrainer
 from pipeline.engines.rounds import RoundStats, run_rounds
 from pipeline.engines.spark import SparkPartitions, symbols_of
-from pipeline.memory import choose_engine, driver_budget, fits_driver
+from pipeline.memory import Budget, choose_engine, driver_budget, fits_driver
 from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
+from pipeline.progress import Progress, Stage
 from pipeline.report import write_report
 from pipeline.spark_session import start_session
 
@@ -59,42 +66,6 @@ class RunResult:
     already_done: bool = False
 
 
-class Progress:
-    """One log line per round (throttled to one a second for the driver engine) and a progress
-    bar on a terminal."""
-
-    def __init__(self, total: int, bar: bool):
-        self.total = max(total, 1)
-        self.t0 = time.time()
-        self.last_log = 0.0
-        self.done0 = 0
-        self.bar = bar and sys.stderr.isatty()
-
-    def update(self, done: int, last: Merge, vocab: list[bytes] | None, engine: str,
-               force: bool = False) -> None:
-        now = time.time()
-        if not force and engine == "local" and now - self.last_log < 1.0:
-            return
-        self.last_log = now
-        rate = (done - self.done0) / max(now - self.t0, 1e-9)
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
-        pair = ""
-        if vocab is not None:
-            pair = f"{vocab[last.left]!r}+{vocab[last.right]!r}"
-        if self.bar:
-            width = 30
-            fill = int(width * done / self.total)
-            sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} "
-                             f"{rate:,.0f} merges/s ETA {eta:,.0f}s ")
-            sys.stderr.flush()
-        log.info("[%s] merges %d/%d  last %s count %d  %.0f merges/s  ETA %.0f s",
-                 engine, done, self.total, pair, last.count, rate, eta)
-
-    def close(self) -> None:
-        if self.bar:
-            sys.stderr.write("\n")
-
-
 @dataclass
 class WordTableChoice:
     table: WordTable
@@ -102,7 +73,7 @@ class WordTableChoice:
     input_changed: bool  # the run's own table was recounted because its input changed
 
 
-def _word_table_for(spark: SparkSession, cfg: Config) -> WordTableChoice:
+def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress) -> WordTableChoice:
     """The word table: the one given (--words, trusted as given), or the run's own, counted
     from --input and reused by a later run only while the input's fingerprint (file listing,
     sizes, modification times, footer row counts) and the split settings still match."""
@@ -131,7 +102,7 @@ def _word_table_for(spark: SparkSession, cfg: Config) -> WordTableChoice:
             log.info("recounting: %s", describe_input_change(then, now))
     sub = Config(**{**cfg.__dict__, "output": own})
     log.info("counting the words of %s into %s", cfg.input, own)
-    wt = count_words(spark, sub)
+    wt = count_words(spark, sub, progress)
     return WordTableChoice(wt, time.time() - t0, changed)
 
 
@@ -235,18 +206,38 @@ def _will_use_spark_sql(cfg: Config) -> bool:
             or not fsutil.is_local(cfg.output))
 
 
-def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> RunResult:
-    """Train end to end. ``spark`` may be a :class:`DeferredSession`: runs that need Spark
-    SQL start creating it at once, in the background; others may never create it."""
-    t_start = time.time()
+@dataclass
+class Prepared:
+    """Everything the merges and the outputs depend on, decided before training."""
+
+    cfg: Config
+    table: WordTable
+    words: Callable[[], DataFrame]  # the table through Spark, read only when needed
+    base: BaseVocab
+    target: int  # merges wanted
+    total_tokens: int  # corpus tokens before merging
+    symbols: int  # symbols of the distinct words
+    fingerprint: str
+    checkpointer: Checkpointer
+    prior: list[Merge]  # from the checkpoint (at most ``target``)
+    prior_removed: list[int]
+    engine: str
+    engine_decision: str
+    budget: Budget
+    stages: dict[str, float]
+    done: dict | None = None  # run.json of an identical finished run: nothing to do
+
+
+def prepare(spark: SparkSession, cfg: Config, progress: Progress,
+            session_seconds: float = 0.0) -> Prepared:
+    """Stage 1: the word table, the settings fingerprint, the checkpoint, the engine."""
     if _will_use_spark_sql(cfg):
         start_session(spark)
     stages: dict[str, float] = {"spark_session": round(session_seconds, 3)}
-    choice = _word_table_for(spark, cfg)
+    choice = _word_table_for(spark, cfg, progress)
     wt = choice.table
     stages["count_words"] = round(choice.count_seconds, 3)
     _adopt_table_settings(cfg, wt)
-    # the table as a DataFrame, read through Spark only when something needs it
     words: Callable[[], DataFrame] = functools.cache(lambda: spark.read.parquet(wt.data_path))
     base = bytes_vocab() if cfg.alphabet == "bytes" else _char_vocab(words(),
                                                                       cfg.end_of_word_suffix)
@@ -259,168 +250,252 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0) -> Run
     total_tokens, symbols, digest = _table_summary(wt, words, base)
     settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
     fp = fingerprint_of(settings)
+    ckpt = Checkpointer(spark, cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints"),
+                        fp, base.size, settings)
+    budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
+    engine, why = choose_engine(cfg.engine, symbols, budget)
+    prep = Prepared(cfg, wt, words, base, target, total_tokens, symbols, fp, ckpt, [], [],
+                    engine, why, budget, stages)
     done = _run_summary(cfg.output, spark)
     if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
             and cfg.resume != "never"):
-        log.info("run at %s is already complete (%d merges); nothing to do",
-                 cfg.output, done.get("merges"))
-        return RunResult(cfg.output, [], done.get("stats", {}), already_done=True)
-
-    ckpt_dir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
-    ckpt = Checkpointer(spark, ckpt_dir, fp, base.size, settings)
+        prep.done = done
+        return prep
     ckpt.clean_temp()
-    prior: list[Merge] = []
-    prior_removed: list[int] = []
     if cfg.resume == "never":
         ckpt.clear()
     else:
         loaded = ckpt.load(discard_other_table=choice.input_changed)
         if loaded:
-            prior, prior_removed = loaded
-    budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
-    engine, why = choose_engine(cfg.engine, symbols, budget)
+            prep.prior, prep.prior_removed = loaded[0][:target], loaded[1][:target]
+            if len(loaded[0]) >= target:
+                log.info("the checkpoint already holds %d merges: serving the first %d "
+                         "without training", len(loaded[0]), target)
     log.info(why)
     log.info("training %d merges (%d from checkpoint) on %d words / %d symbols, engine %s",
-             target, min(len(prior), target), wt.meta.get("unique_words", -1), symbols, engine)
-    if len(prior) >= target:
-        log.info("the checkpoint already holds %d merges: serving the first %d without "
-                 "training", len(prior), target)
+             target, len(prep.prior), wt.meta.get("unique_words", -1), symbols, engine)
+    return prep
 
-    progress = Progress(target, cfg.progress_bar)
-    merges: list[Merge] = list(prior[:target])
-    removed: list[int] = list(prior_removed[:target])
-    vocab_now: list[bytes] = list(base.tokens)
-    for m in merges:
-        vocab_now.append(vocab_now[m.left] + vocab_now[m.right])
-    last_ckpt = time.time()
 
-    def maybe_checkpoint(force: bool = False) -> None:
-        nonlocal last_ckpt
-        since = len(merges) - max(ckpt.last_written, 0)
-        if force or since >= cfg.checkpoint_every_merges or (
-                since > 0 and time.time() - last_ckpt >= cfg.checkpoint_every_seconds):
-            ckpt.save(merges, removed)
-            last_ckpt = time.time()
+class MergeLog:
+    """The growing merge list: appends the vocabulary, reports progress (``stage``) and writes
+    a checkpoint every ``checkpoint_every_merges`` merges or ``checkpoint_every_seconds``."""
 
-    round_stats = RoundStats()
-    handoff_at = None
-    t_merge = time.time()
-    max_bytes = cfg.max_token_bytes or None
-    if len(merges) < target:
-        if engine == "spark":
-            parts = SparkPartitions(spark, words(), cfg.num_partitions, *_char_ids(base),
-                                    base.size, replay=[(m.left, m.right) for m in merges])
-            stats_t = time.time()
+    def __init__(self, prep: Prepared, stage: Stage):
+        self.cfg, self.ckpt, self.stage = prep.cfg, prep.checkpointer, stage
+        self.target = prep.target
+        self.merges: list[Merge] = list(prep.prior)
+        self.removed: list[int] = list(prep.prior_removed)
+        self.vocab: list[bytes] = list(prep.base.tokens)
+        for m in self.merges:
+            self.vocab.append(self.vocab[m.left] + self.vocab[m.right])
+        self.last_checkpoint = time.time()
 
-            def on_round(new: list[Merge], new_removed: list[int], st: RoundStats) -> None:
-                for m in new:
-                    vocab_now.append(vocab_now[m.left] + vocab_now[m.right])
-                merges.extend(new)
-                removed.extend(new_removed)
-                progress.update(len(merges), new[-1], vocab_now, "spark")
-                maybe_checkpoint()
+    def __len__(self) -> int:
+        return len(self.merges)
 
-            try:
-                res = run_rounds(
-                    parts, [len(t) for t in vocab_now], target - len(merges),
-                    cfg.min_pair_count, max_bytes, cfg.max_batch if cfg.batch_merges else 1,
-                    stop_when=lambda tok: cfg.engine == "auto" and fits_driver(tok, budget),
-                    on_round=on_round,
-                )
-                round_stats = res.stats
-                log.info("spark rounds: %d rounds, %d merges in %.1f s", res.stats.rounds,
-                         len(res.merges), time.time() - stats_t)
-                collected = (parts.collect() if not res.finished and len(merges) < target
-                             else None)
-            finally:
-                parts.close()
-            if collected is not None:
-                handoff_at = len(merges)
-                if collected:
-                    flat, lengths, counts = (np.concatenate(x) for x in zip(*collected))
-                    _train_local(LocalTrainer(flat, lengths, counts, vocab_now), target, cfg,
-                                 merges, removed, vocab_now, progress, maybe_checkpoint)
-        else:
-            lt = LocalTrainer(*_load_local(wt, words, base), base.tokens)
-            if merges:
-                lt.replay(merges)
-            _train_local(lt, target, cfg, merges, removed, vocab_now, progress,
-                         maybe_checkpoint)
-    progress.close()
-    maybe_checkpoint(force=True)
-    stages["merges"] = round(time.time() - t_merge, 3)
-    tokens_left = (total_tokens - np.cumsum(np.asarray(removed, dtype=np.int64))).tolist()
+    @property
+    def wanted(self) -> int:
+        return self.target - len(self.merges)
 
+    def extend(self, new: list[Merge], removed: list[int]) -> None:
+        for m in new:
+            self.vocab.append(self.vocab[m.left] + self.vocab[m.right])
+        self.merges.extend(new)
+        self.removed.extend(removed)
+        if new:
+            last = new[-1]
+            self.stage.update(len(self.merges),
+                              last=f"{self.vocab[last.left]!r}+{self.vocab[last.right]!r}",
+                              count=last.count)
+        self.checkpoint()
+
+    def checkpoint(self, force: bool = False) -> None:
+        since = len(self.merges) - max(self.ckpt.last_written, 0)
+        if force or since >= self.cfg.checkpoint_every_merges or (
+                since > 0
+                and time.time() - self.last_checkpoint >= self.cfg.checkpoint_every_seconds):
+            self.ckpt.save(self.merges, self.removed)
+            self.last_checkpoint = time.time()
+
+
+@dataclass
+class MergeOutcome:
+    merges: list[Merge]
+    removed: list[int]
+    rounds: RoundStats
+    handoff_at: int | None
+    seconds: float
+
+
+def make_merges(spark: SparkSession, prep: Prepared, progress: Progress) -> MergeOutcome:
+    """Stage 2: the merges, by the chosen engine (Spark rounds may hand off to the driver)."""
+    cfg, t0 = prep.cfg, time.time()
+    rounds, handoff_at = RoundStats(), None
+    with progress.stage("merges", total=prep.target, unit="merges",
+                        engine=prep.engine) as stage:
+        mlog = MergeLog(prep, stage)
+        faults.at("merges")
+        if mlog.wanted > 0 and prep.engine == "spark":
+            rounds, rest = _spark_rounds(spark, prep, mlog)
+            if rest is not None:
+                handoff_at = len(mlog)
+                stage.update(engine="local (handed off)", force=True)
+                if rest:
+                    flat, lengths, counts = (np.concatenate(x) for x in zip(*rest))
+                    del rest
+                    _train_local(LocalTrainer(flat, lengths, counts, mlog.vocab), mlog, cfg)
+        elif mlog.wanted > 0:
+            lt = LocalTrainer(*_load_local(prep.table, prep.words, prep.base),
+                              prep.base.tokens)
+            if mlog.merges:
+                lt.replay(mlog.merges)
+            _train_local(lt, mlog, cfg)
+        mlog.checkpoint(force=True)
+    return MergeOutcome(mlog.merges, mlog.removed, rounds, handoff_at, time.time() - t0)
+
+
+def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
+                  ) -> tuple[RoundStats, list | None]:
+    """Spark rounds; with ``auto``, until the working set fits the driver budget. Returns the
+    round statistics and, after a hand-off, the remaining words (else None)."""
+    cfg = prep.cfg
+    parts = SparkPartitions(spark, prep.words(), cfg.num_partitions, *_char_ids(prep.base),
+                            prep.base.size, replay=[(m.left, m.right) for m in mlog.merges])
+    t0 = time.time()
+    try:
+        res = run_rounds(
+            parts, [len(t) for t in mlog.vocab], mlog.wanted, cfg.min_pair_count,
+            cfg.max_token_bytes or None, cfg.max_batch if cfg.batch_merges else 1,
+            stop_when=lambda tok: cfg.engine == "auto" and fits_driver(tok, prep.budget),
+            on_round=lambda new, removed, _: mlog.extend(new, removed),
+        )
+        log.info("spark rounds: %d rounds, %d merges in %.1f s", res.stats.rounds,
+                 len(res.merges), time.time() - t0)
+        rest = parts.collect() if not res.finished and mlog.wanted > 0 else None
+    finally:
+        parts.close()
+    return res.stats, rest
+
+
+def _train_local(lt: LocalTrainer, mlog: MergeLog, cfg: Config) -> None:
+    """Continue on the driver; ``lt`` holds the working set after ``mlog``'s merges.
+    Bookkeeping (progress, checkpoints) runs between chunks of merges, not after each one."""
+    offset = len(mlog) - len(lt.merges)
+    chunk = 256
+    while mlog.wanted > 0:
+        before = len(lt.merges)
+        lt.train(min(before + chunk, mlog.target - offset), cfg.min_pair_count,
+                 cfg.max_token_bytes or None)
+        if len(lt.merges) == before:
+            break
+        mlog.extend(lt.merges[before:], lt.removed[before:])
+
+
+def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Progress,
+            t_start: float) -> RunResult:
+    """Stage 3: every output file, then ``run.json`` (the run is complete only once it is
+    there; the previous one was removed before training)."""
+    cfg, base, stages = prep.cfg, prep.base, prep.stages
+    stages["merges"] = round(out.seconds, 3)
+    tokens_left = (prep.total_tokens
+                   - np.cumsum(np.asarray(out.removed, dtype=np.int64))).tolist()
     t_out = time.time()
-    tok = TrainedTokenizer(base, merges, list(cfg.special_tokens), cfg.pattern, cfg.lowercase,
-                           cfg.normalization)
-    notes = write_exports(cfg.output, tok, spark)
-    write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
+    tok = TrainedTokenizer(base, out.merges, list(cfg.special_tokens), cfg.pattern,
+                           cfg.lowercase, cfg.normalization)
+    with progress.stage("outputs"):
+        notes = write_exports(cfg.output, tok, spark)
+        write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
     t_report = time.time()
-    write_report(spark, cfg, tok, tokens_left,
-                 words() if base.alphabet != "bytes" else None, total_tokens)
+    with progress.stage("report"):
+        write_report(spark, cfg, tok, tokens_left,
+                     prep.words() if base.alphabet != "bytes" else None, prep.total_tokens)
     stages["report"] = round(time.time() - t_report, 3)
-    mpr = round_stats.merges_per_round
-    stats = {
-        "engine": engine,
-        "engine_decision": why,
-        "driver_budget_mb": round(budget.bytes / 2**20),
-        "handoff_to_driver_at_merge": handoff_at,
-        "merges": len(merges),
-        "merges_wanted": target,
-        "stopped_early": len(merges) < target,
-        "resumed_from_merge": len(prior[:target]),
-        "vocab_size": base.size + len(merges) + len(cfg.special_tokens),
-        "base_vocab_size": base.size,
-        "special_tokens": len(cfg.special_tokens),
-        "words_in_table": wt.meta.get("unique_words"),
-        "symbols_in_table": symbols,
-        "corpus_tokens_before": total_tokens,
-        "corpus_tokens_after": tokens_left[-1] if tokens_left else total_tokens,
-        "spark_rounds": round_stats.rounds,
-        "spark_merges_per_round": (
-            {"min": min(mpr), "median": statistics.median(mpr), "max": max(mpr),
-             "mean": round(sum(mpr) / len(mpr), 2)} if mpr else None),
-        "spark_seconds_per_round_median": (
-            round(statistics.median(round_stats.seconds_per_round), 4) if mpr else None),
-        "spark_refresh_jobs": round_stats.refresh_jobs,
-        "working_set_tokens_by_round": round_stats.working_set_tokens[:: max(1, len(mpr) // 50)]
-        if mpr else [],
-        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "stage_seconds": stages,
-    }
+    stats = _run_stats(prep, out, tokens_left)
     stages["outputs"] = round(time.time() - t_out, 3)
     stages["total_after_session"] = round(time.time() - t_start, 3)
     fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json())
     fsutil.write_text(spark, fsutil.join(cfg.output, "stats.json"), json.dumps(stats, indent=2))
     fsutil.write_text(spark, fsutil.join(cfg.output, "run.json"), json.dumps({
-        "format": "spark-bpe run", "version": 1, "fingerprint": fp, "merges": len(merges),
-        "merges_wanted": target, "stats": stats, "notes": notes,
+        "format": "spark-bpe run", "version": 1, "fingerprint": prep.fingerprint,
+        "merges": len(out.merges), "merges_wanted": prep.target, "stats": stats,
+        "notes": notes,
     }, indent=2))
     for n in notes:
         log.warning(n)
-    return RunResult(cfg.output, merges, stats, notes)
+    return RunResult(cfg.output, out.merges, stats, notes)
 
 
-def _train_local(lt: LocalTrainer, target: int, cfg: Config, merges: list[Merge],
-                 removed: list[int], vocab_now: list[bytes], progress: Progress,
-                 maybe_checkpoint) -> None:
-    """Continue on the driver; ``lt`` holds the working set after ``merges``. Bookkeeping
-    (progress, checkpoints) runs between chunks of merges, not after each one."""
-    offset = len(merges) - len(lt.merges)
-    chunk = 256
-    while len(merges) < target:
-        before = len(lt.merges)
-        lt.train(min(before + chunk, target - offset), cfg.min_pair_count,
-                 cfg.max_token_bytes or None)
-        new = lt.merges[before:]
-        if not new:
-            break
-        for m in new:
-            vocab_now.append(vocab_now[m.left] + vocab_now[m.right])
-        merges.extend(new)
-        removed.extend(lt.removed[before:])
-        progress.update(len(merges), new[-1], vocab_now, "local")
-        maybe_checkpoint()
-    if merges:
-        progress.update(len(merges), merges[-1], vocab_now, "local", force=True)
+def _run_stats(prep: Prepared, out: MergeOutcome, tokens_left: list[int]) -> dict:
+    cfg, rs = prep.cfg, out.rounds
+    mpr = rs.merges_per_round
+
+    def median(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 4) if xs else None
+
+    return {
+        "engine": prep.engine,
+        "engine_decision": prep.engine_decision,
+        "driver_budget_mb": round(prep.budget.bytes / 2**20),
+        "handoff_to_driver_at_merge": out.handoff_at,
+        "merges": len(out.merges),
+        "merges_wanted": prep.target,
+        "stopped_early": len(out.merges) < prep.target,
+        "resumed_from_merge": len(prep.prior),
+        "vocab_size": prep.base.size + len(out.merges) + len(cfg.special_tokens),
+        "base_vocab_size": prep.base.size,
+        "special_tokens": len(cfg.special_tokens),
+        "words_in_table": prep.table.meta.get("unique_words"),
+        "symbols_in_table": prep.symbols,
+        "corpus_tokens_before": prep.total_tokens,
+        "corpus_tokens_after": tokens_left[-1] if tokens_left else prep.total_tokens,
+        "spark_rounds": rs.rounds,
+        "spark_merges_per_round": (
+            {"min": min(mpr), "median": statistics.median(mpr), "max": max(mpr),
+             "mean": round(sum(mpr) / len(mpr), 2)} if mpr else None),
+        "spark_seconds_per_round_median": median(rs.seconds_per_round),
+        "spark_job_seconds_per_round_median": median(rs.job_seconds),
+        "spark_task_work_seconds_per_round_median": median(rs.work_seconds),
+        "spark_seconds_in_rounds": round(sum(rs.seconds_per_round), 2),
+        "spark_job_seconds_in_rounds": round(sum(rs.job_seconds), 2),
+        "spark_task_work_seconds_in_rounds": round(sum(rs.work_seconds), 2),
+        "spark_refresh_jobs": rs.refresh_jobs,
+        "working_set_tokens_by_round": rs.working_set_tokens[:: max(1, len(mpr) // 50)],
+        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "stage_seconds": prep.stages,
+    }
+
+
+def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
+          progress: Progress | None = None) -> RunResult:
+    """Train end to end: :func:`prepare`, :func:`make_merges`, :func:`publish`. ``spark`` may
+    be a :class:`DeferredSession`: runs that need Spark SQL start creating it at once, in the
+    background; others may never create it."""
+    t_start = time.time()
+    progress = progress or Progress("train", _progress_file(cfg), bar=cfg.progress_bar)
+    with progress.stage("prepare"):
+        prep = prepare(spark, cfg, progress, session_seconds)
+    if prep.done is not None:
+        log.info("run at %s is already complete (%d merges); nothing to do",
+                 cfg.output, prep.done.get("merges"))
+        return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
+    _invalidate_run(spark, cfg.output)
+    out = make_merges(spark, prep, progress)
+    return publish(spark, prep, out, progress, t_start)
+
+
+def _progress_file(cfg: Config) -> str | None:
+    """``RUN_DIR/progress.jsonl`` for a local run directory (elsewhere the log is the record)."""
+    if not cfg.output or not fsutil.is_local(cfg.output):
+        return None
+    return fsutil.local_path(fsutil.join(cfg.output, "progress.jsonl"))
+
+
+def _invalidate_run(spark: SparkSession, run_dir: str) -> None:
+    """A run about to rewrite a run directory first removes its ``run.json``: until the new
+    one is written, the directory does not claim to hold a complete run."""
+    path = fsutil.join(run_dir, "run.json")
+    if fsutil.exists(spark, path):
+        log.info("%s holds an earlier run; it is marked incomplete until this one is "
+                 "published", run_dir)
+        fsutil.delete(spark, path)

@@ -27,6 +27,7 @@ from pipeline.config import ConfigError
 from .sparkjobs import (
     ProcGroup,
     checkpoints,
+    job_env,
     merges_txt,
     newest_checkpoint,
     process_groups,
@@ -253,6 +254,37 @@ def test_a_grown_input_is_recounted_by_the_same_command(spark, corpus, tmp_path,
 
 
 @pytest.mark.spark
+@pytest.mark.slow
+def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path, procs):
+    """A driver without the memory the engine needs: exit 1, one line naming the stage, the
+    memory and the setting to change; the checkpoints stay valid and a rerun resumes."""
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
+            "--engine", "local", "--checkpoint-every-merges", "20"]
+    p = submit([*args, "--vocab-size", str(257 + 100)], tmp_path, "first")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+
+    # a bigger vocabulary on a driver that cannot allocate the engine's arrays
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "short-of-memory",
+               env=job_env(SPARK_BPE_INJECT="merges=memory:1"))
+    procs.append(p)
+    assert p.wait(180) == 1, p.tail()
+    last = p.last_line()
+    assert last.startswith("error: train ran out of memory in stage 'merges': the driver's "
+                           "Python process reached "), last
+    assert "--driver-budget-mb" in last and "rerun the same command to resume" in last
+    assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
+
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "enough-memory")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert resumed_from(p.log()) == 100
+    assert merges_txt(run) == merges_txt(ref)
+
+
+@pytest.mark.spark
 def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path, procs):
     words = tmp_path / "words"
     shutil.copytree(reference_run(spark, corpus, VOCAB).parent / "reference-words", words)
@@ -263,7 +295,8 @@ def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path
     procs.append(p)
     assert p.wait(180) == 1
     last = p.last_line()
-    assert re.match(r"error: train failed: \w+: .+ \(traceback above\)$", last), last
+    assert re.match(r"error: train failed in stage 'prepare': \w+: .+ \(traceback above\)$",
+                    last), last
     assert "Traceback" in p.out()  # the details are in the log
     assert not (tmp_path / "run" / "run.json").exists()
 

@@ -44,7 +44,8 @@ from pipeline.pretokenize import (
     RowStats,
     WordCounter,
 )
-from pipeline.spark_session import start_session
+from pipeline.progress import Progress
+from pipeline.spark_session import job_group, start_session, task_progress
 
 log = logging.getLogger(__name__)
 
@@ -569,10 +570,20 @@ def _collect_partials(spark: SparkSession, df: DataFrame | None, cfg: Config,
     )
 
 
-def count_words(spark: SparkSession, cfg: Config) -> WordTable:
-    """Run the word-count stage and write the word table to ``cfg.output`` atomically."""
+def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None
+                ) -> WordTable:
+    """Run the word-count stage and write the word table to ``cfg.output`` atomically, with
+    heartbeats (tasks done out of all, from Spark's status tracker) while it runs."""
     t0 = time.time()
-    return _count(spark, cfg, cfg.pretokenizer_spec(), t0)
+    progress = progress or Progress("count_words", bar=cfg.progress_bar)
+    sc = spark.sparkContext
+    with job_group(sc, "count") as group, progress.stage(
+            "count", unit="tasks", poll=task_progress(sc, group)) as stage:
+        wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0)
+        st = wt.meta["stats"]
+        stage.update(note=f"{st['unique_words']:,} distinct words, {st['words']:,} words, "
+                          f"{st['rows']:,} rows, {st['bytes'] / 1e6:,.0f} MB")
+    return wt
 
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) -> WordTable:

@@ -23,6 +23,7 @@ class PairDeltas:
     min_pos: np.ndarray  # int64
     removed: np.ndarray  # corpus tokens removed by each merge of the batch
     tokens: int  # tokens left in the working set (unweighted)
+    work: float = 0.0  # seconds the slowest partition spent on it (the rest is overhead)
 
     @classmethod
     def empty(cls, batch_len: int = 0) -> PairDeltas:
@@ -42,7 +43,7 @@ def combine(x: PairDeltas, y: PairDeltas) -> PairDeltas:
     starts = np.flatnonzero(first)
     sums = np.add.reduceat(deltas, starts) if len(starts) else deltas[:0]
     return PairDeltas(keys[starts], sums, part[starts], mins[starts], x.removed + y.removed,
-                      x.tokens + y.tokens)
+                      x.tokens + y.tokens, max(x.work, y.work))
 
 
 def combine_all(reports: list[PairDeltas], batch_len: int = 0) -> PairDeltas:

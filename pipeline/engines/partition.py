@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -229,6 +230,7 @@ class PartitionStore:
                   history: History) -> PairDeltas:
         """Apply round ``round_no`` (``batch``, the merges after the first ``gen``) and
         report; idempotent: a retried task gets the saved report of its round."""
+        t0 = time.perf_counter()
         with self.locked():
             st, meta = self.open()
             done = meta["gen"]
@@ -240,6 +242,7 @@ class PartitionStore:
             if done < gen:
                 catch_up(st, history(), done, gen)
             rep = apply_batch(st, batch, self.part, offset)
+            rep.work = time.perf_counter() - t0
             self._save_report(round_no, rep)
             self.save(st, gen=gen + len(batch), round_no=round_no)
             return rep

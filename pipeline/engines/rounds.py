@@ -82,6 +82,8 @@ class RoundStats:
     rounds: int = 0
     merges_per_round: list[int] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
+    job_seconds: list[float] = field(default_factory=list)  # the round's Spark job, wall
+    work_seconds: list[float] = field(default_factory=list)  # its slowest partition's work
     working_set_tokens: list[int] = field(default_factory=list)
     refresh_jobs: int = 0
 
@@ -127,7 +129,10 @@ def run_rounds(
             break
         first_id = len(token_len) - len(batch)
         plan = [(a, b, first_id + i) for i, (a, b, _) in enumerate(batch)]
+        t_job = time.time()
         rep = parts.run_round(plan)
+        stats.job_seconds.append(time.time() - t_job)
+        stats.work_seconds.append(rep.work)
         book.apply(rep)
         new = [Merge(a, b, first_id + i, c) for i, (a, b, c) in enumerate(batch)]
         new_removed = [int(x) for x in rep.removed]

@@ -1,0 +1,228 @@
+"""Progress a scheduler's log can show: heartbeats of every long stage.
+
+A job runs its stages inside :meth:`Progress.stage`. Each stage writes a line into the log when
+it starts and ends, and a heartbeat at most every ``every`` seconds while it runs (a
+background ticker makes sure one comes at least that often even when the stage's code is busy
+in one long call): what is done out of what, the rate, the time elapsed and left. The same
+events go to ``progress.jsonl`` in the output directory, one JSON object per line, for
+dashboards. On a real terminal a progress bar is drawn too; it is cleared before every log
+line and redrawn after it, so the two never mix. Under spark-submit or a scheduler there is no
+terminal: the log is the progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+
+log = logging.getLogger("pipeline.progress")
+
+HEARTBEAT_SECONDS = 5.0
+_current_stage = "start"  # for error messages (cli.py)
+
+
+def current_stage() -> str:
+    return _current_stage
+
+
+def _fmt_seconds(s: float) -> str:
+    return f"{s:,.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+class TerminalBar:
+    """One status line at the bottom of a terminal (stderr), below the log."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.text = ""
+        self.lock = threading.RLock()
+
+    def show(self, text: str) -> None:
+        with self.lock:
+            self.text = text
+            self.stream.write("\r\x1b[K" + text)
+            self.stream.flush()
+
+    def clear(self) -> None:
+        with self.lock:
+            if self.text:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+
+    def redraw(self) -> None:
+        with self.lock:
+            if self.text:
+                self.stream.write(self.text)
+                self.stream.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            self.clear()
+            self.text = ""
+
+
+_bar: TerminalBar | None = None
+
+
+class BarAwareHandler(logging.StreamHandler):
+    """A log handler that clears the terminal bar before a record and redraws it after."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        bar = _bar
+        if bar is None:
+            super().emit(record)
+            return
+        with bar.lock:
+            bar.clear()
+            super().emit(record)
+            bar.redraw()
+
+
+class Stage:
+    """A running stage: ``update`` it with what is done; heartbeats are throttled."""
+
+    def __init__(self, progress: Progress, name: str, total: float | None, unit: str,
+                 poll: Callable[[], dict] | None):
+        self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
+                                                                      unit, poll)
+        self.t0 = time.time()
+        self.done: float | None = None
+        self.fields: dict = {}
+        self.last_beat = self.t0
+        self.lock = threading.Lock()
+
+    def update(self, done: float | None = None, force: bool = False, **fields) -> None:
+        with self.lock:
+            if done is not None:
+                self.done = done
+            self.fields.update(fields)
+        if force or time.time() - self.last_beat >= self.progress.every:
+            self.beat()
+
+    def beat(self, event: str = "beat") -> None:
+        if self.poll is not None and event != "start":
+            with contextlib.suppress(Exception):  # progress must never fail the job
+                fresh = dict(self.poll())
+                with self.lock:
+                    self.done = fresh.pop("done", self.done)
+                    self.total = fresh.pop("total", self.total)
+                    self.fields.update(fresh)
+        with self.lock:
+            self.last_beat = now = time.time()
+            elapsed = now - self.t0
+            rec: dict = {"stage": self.name, "event": event, "elapsed": round(elapsed, 1)}
+            parts = []
+            done, total = self.done, self.total
+            if done is not None:
+                rec["done"] = done
+                count = f"{done:,.0f}" + (f"/{total:,.0f}" if total else "")
+                parts.append(f"{count} {self.unit}".strip())
+                if total:
+                    rec["total"] = total
+                    if event == "beat":
+                        parts[-1] += f" ({100 * done / total:.0f}%)"
+                if elapsed > 0 and done:
+                    rec["rate"] = round(done / elapsed, 2)
+                    if self.unit and event == "beat":
+                        parts.append(f"{done / elapsed:,.0f} {self.unit}/s")
+                    if total and event == "beat":
+                        rec["eta"] = round((total - done) / (done / elapsed), 1)
+            rec.update(self.fields)
+            parts += [str(v) if k == "note" else f"{k.replace('_', ' ')} {v}"
+                      for k, v in self.fields.items() if v not in (None, 0, "")]
+            detail = ", ".join(parts)
+        if event == "start":
+            text = f"{self.name}: started" + (f" ({detail})" if detail else "")
+        elif event == "error":
+            text = f"{self.name}: failed after {_fmt_seconds(elapsed)} ({detail})"
+        elif event == "end":
+            text = f"{self.name}: done in {_fmt_seconds(elapsed)}" + (
+                f"; {detail}" if detail else "")
+        else:
+            when = f"{_fmt_seconds(elapsed)} elapsed" + (
+                f", ETA {_fmt_seconds(rec['eta'])}" if "eta" in rec else "")
+            text = f"{self.name}: {detail}{', ' if detail else ''}{when}"
+        self.progress.emit(rec, text)
+
+
+class Progress:
+    """The heartbeats of one job (see the module docstring). ``jsonl``: a local path for
+    ``progress.jsonl`` (None: log only); ``bar``: draw a bar when stderr is a terminal."""
+
+    def __init__(self, job: str, jsonl: str | None = None, every: float = HEARTBEAT_SECONDS,
+                 bar: bool = True):
+        global _bar
+        self.job, self.every = job, every
+        self.jsonl = jsonl
+        self.lock = threading.Lock()
+        if jsonl:
+            os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
+            with open(jsonl, "w", encoding="utf-8"):
+                pass  # a new run starts a new file
+        self.bar = TerminalBar() if bar and sys.stderr.isatty() else None
+        if self.bar is not None:
+            _bar = self.bar
+
+    def emit(self, rec: dict, text: str) -> None:
+        rec = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "job": self.job, **rec}
+        with self.lock:
+            log.info(text)
+            if self.jsonl:
+                with open(self.jsonl, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(rec, default=str) + "\n")
+            if self.bar is not None and rec["event"] != "end" and rec.get("total"):
+                frac = min(1.0, rec["done"] / rec["total"])
+                fill = int(30 * frac)
+                self.bar.show(f"[{'#' * fill}{'.' * (30 - fill)}] {rec['stage']} "
+                              f"{100 * frac:.0f}%")
+
+    @contextlib.contextmanager
+    def stage(self, name: str, total: float | None = None, unit: str = "",
+              poll: Callable[[], dict] | None = None, **fields) -> Iterator[Stage]:
+        """Run a stage: a start line, heartbeats (from ``update`` and from a ticker that calls
+        ``poll`` for fresh fields), and an end line (or an error event)."""
+        global _current_stage
+        st = Stage(self, name, total, unit, poll)
+        st.fields.update(fields)
+        previous, _current_stage = _current_stage, name
+        st.beat("start")
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(self.every / 2):
+                if time.time() - st.last_beat >= self.every:
+                    st.beat()
+
+        ticker = threading.Thread(target=tick, name=f"spark-bpe-progress-{name}", daemon=True)
+        ticker.start()
+        try:
+            yield st
+        except BaseException as exc:  # the stage stays current: error messages name it
+            stop.set()
+            st.fields["error"] = type(exc).__name__
+            with contextlib.suppress(Exception):
+                st.beat("error")
+            raise
+        else:
+            stop.set()
+            ticker.join()
+            st.beat("end")
+            _current_stage = previous
+        finally:
+            stop.set()
+            if self.bar is not None:
+                self.bar.close()
+
+    def close(self) -> None:
+        global _bar
+        if self.bar is not None:
+            self.bar.close()
+            _bar = None
