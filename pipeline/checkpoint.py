@@ -48,6 +48,7 @@ def fingerprint_settings(cfg: Config, word_table_meta: dict, base_size: int,
     moved corpus still matches and a changed one does not."""
     return {
         "pretokenizer": word_table_meta.get("pretokenizer"),
+        "max_word_bytes": word_table_meta.get("max_word_bytes", 0),
         "word_table": {
             "digest": table_digest,
             "unique_words": word_table_meta.get("unique_words"),

@@ -16,6 +16,7 @@ Checkpoints make a failed or cancelled training run resumable: run the same comm
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import resource
@@ -30,6 +31,8 @@ from pipeline.progress import current_stage
 log = logging.getLogger("pipeline.cli")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+WRITE_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                errno.EDQUOT}
 _MAX_REASON = 400
 
 
@@ -169,14 +172,30 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         print(f"error: {job} ran out of memory in stage '{current_stage()}': "
               f"{driver_memory_advice()}", file=sys.stderr)
         return EXIT_FAILED
-    except Exception as exc:
-        log.error("%s job failed", job, exc_info=True)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            return _failed(job, exc)
+        faults.lift()
+        log.error("%s job could not write", job, exc_info=True)
         sys.stderr.flush()
-        jvm = jvm_memory_failure(exc)
-        where = f" in stage '{current_stage()}'" if current_stage() != "start" else ""
-        if jvm:
-            print(f"error: {job} failed{where}: {jvm}", file=sys.stderr)
-        else:
-            print(f"error: {job} failed{where}: {one_line_reason(exc)} (traceback above)",
-                  file=sys.stderr)
+        print(f"error: {job} could not write {exc.filename or 'a file'} in stage "
+              f"'{current_stage()}': {exc.strerror}; what was written before (the word table, "
+              "the checkpoints) is intact: make room or fix the permissions, then rerun the "
+              "same command to resume", file=sys.stderr)
         return EXIT_FAILED
+    except Exception as exc:
+        return _failed(job, exc)
+
+
+def _failed(job: str, exc: BaseException) -> int:
+    """Anything else: the traceback in the log, then one line (exit 1)."""
+    log.error("%s job failed", job, exc_info=True)
+    sys.stderr.flush()
+    jvm = jvm_memory_failure(exc)
+    where = f" in stage '{current_stage()}'" if current_stage() != "start" else ""
+    if jvm:
+        print(f"error: {job} failed{where}: {jvm}", file=sys.stderr)
+    else:
+        print(f"error: {job} failed{where}: {one_line_reason(exc)} (traceback above)",
+              file=sys.stderr)
+    return EXIT_FAILED

@@ -50,11 +50,13 @@ class Config:
     output: str = ""  # run directory (train) or word table directory (count_words)
     count_on_driver_max_mb: int = 128  # inputs up to this much Parquet merge counts on the driver
     count_reader: str = "auto"  # auto (local files: pyarrow in the tasks) | spark | arrow
+    ignore_corrupt_files: bool = False  # skip unreadable input files (listed in stats.json)
     # -- pretokenization -------------------------------------------------------------------------
     pattern: str = "cl100k"  # gpt2 | cl100k | o200k | none | a custom regex
     special_tokens: list[str] = field(default_factory=list)
     lowercase: bool = False
     normalization: str = "none"  # none | NFC | NFKC | NFD | NFKD
+    max_word_bytes: int = 1024  # longer words are left out of training (counted); 0 = no cap
     alphabet: str = "bytes"  # bytes | chars
     end_of_word_suffix: str = ""  # e.g. "</w>" (chars alphabet only)
     # -- training --------------------------------------------------------------------------------
@@ -72,6 +74,7 @@ class Config:
     checkpoint_every_merges: int = 1000
     checkpoint_every_seconds: float = 60.0
     resume: str = "auto"  # auto | never
+    lease_timeout_seconds: float = 120.0  # a run directory's lease not renewed this long is free
     # -- runtime ---------------------------------------------------------------------------------
     master: str = ""  # empty: whatever spark-submit says, else local[*]
     shuffle_partitions: int = 0  # 0 = 2 x default parallelism
@@ -114,6 +117,9 @@ FIELD_HELP = {
     "pattern": f"split pattern: {', '.join(PATTERNS)}, none, or a custom regex",
     "special_tokens": "comma-separated special tokens, cut out before splitting",
     "engine": "auto (decided by memory) | spark | local",
+    "ignore_corrupt_files": "skip input files that cannot be read (listed in stats.json) "
+                            "instead of stopping with an error naming the file",
+    "max_word_bytes": "words longer than this many bytes are left out of training (0: keep all)",
     "driver_budget_mb": "MB the driver engine may use (0: derived from the driver's memory)",
     "resume": "auto | never",
     "checkpoint_dir": "where checkpoints go (any Hadoop filesystem URI)",
@@ -266,6 +272,7 @@ def validate(cfg: Config, job: str) -> Config:
          f"config key 'resume' must be one of {RESUME_MODES}, not {cfg.resume!r}")
     need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
     need(cfg.max_token_bytes >= 0, "config key 'max_token_bytes' must be >= 0 (0 = no limit)")
+    need(cfg.max_word_bytes >= 0, "config key 'max_word_bytes' must be >= 0 (0 = no cap)")
     need(cfg.max_batch >= 1, "config key 'max_batch' must be >= 1")
     need(cfg.driver_budget_mb >= 0, "config key 'driver_budget_mb' must be >= 0 (0 = derived "
          "from the memory the driver has)")
@@ -277,6 +284,7 @@ def validate(cfg: Config, job: str) -> Config:
          f"config key 'spark_ui' must be one of {SPARK_UI_MODES}, not {cfg.spark_ui!r}")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
     need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
+    need(cfg.lease_timeout_seconds > 0, "config key 'lease_timeout_seconds' must be > 0")
     if job == "train":
         need(cfg.vocab_size > 0 or cfg.num_merges > 0,
              "config key 'vocab_size': set --vocab-size N or --num-merges N")

@@ -1,9 +1,11 @@
 """Fault injection for the tests that run real jobs (no effect unless the variable is set).
 
 ``SPARK_BPE_INJECT="point=action;point=action"``, where action is ``pause:SECONDS`` (sleep
-there, so that a test can kill the job at that point) or ``memory:MB`` (cap this process's
+there, so that a test can kill the job at that point), ``memory:MB`` (cap this process's
 address space at its current size plus MB, so that the next large allocation fails as it would
-on a driver without enough memory). The points are named where :func:`at` is called.
+on a driver without enough memory) or ``fsize:BYTES`` (no file this process writes may grow
+past BYTES, so that writes fail as on a full disk). The points are named where :func:`at` is
+called.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import resource
 import time
 
-_lifted: tuple[int, int] | None = None
+_lifted: dict[int, tuple[int, int]] = {}
 
 
 def _actions() -> dict[str, str]:
@@ -28,16 +30,21 @@ def at(point: str) -> None:
     if kind == "pause":
         time.sleep(float(value))
     elif kind == "memory":
-        global _lifted
         with open("/proc/self/statm", encoding="ascii") as fh:
             size = int(fh.read().split()[0]) * resource.getpagesize()
-        _lifted = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (size + int(float(value) * 2**20), _lifted[1]))
+        _cap(resource.RLIMIT_AS, size + int(float(value) * 2**20))
+    elif kind == "fsize":
+        _cap(resource.RLIMIT_FSIZE, int(value))
+
+
+def _cap(which: int, soft: int) -> None:
+    old = resource.getrlimit(which)
+    _lifted.setdefault(which, old)
+    resource.setrlimit(which, (soft, old[1]))
 
 
 def lift() -> None:
-    """Undo a ``memory`` cap (so that the error can still be reported)."""
-    global _lifted
-    if _lifted is not None:
-        resource.setrlimit(resource.RLIMIT_AS, _lifted)
-        _lifted = None
+    """Undo the caps (so that the error can still be reported)."""
+    for which, old in list(_lifted.items()):
+        resource.setrlimit(which, old)
+        del _lifted[which]

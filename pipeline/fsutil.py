@@ -5,12 +5,15 @@ Local paths are handled with plain Python so the pure-Python parts (and tests) n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
+from typing import TYPE_CHECKING
 
-from pyspark.sql import SparkSession
+if TYPE_CHECKING:  # this module works without pyspark for local paths
+    from pyspark.sql import SparkSession
 
 
 def join(base: str, *parts: str) -> str:
@@ -88,11 +91,17 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, lp)
+        os.chmod(tmp, 0o666 & ~_umask())  # as any file the user writes (mkstemp makes 0600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, lp)
+        except OSError as exc:  # a full disk or a read-only directory: name the file
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise OSError(exc.errno, exc.strerror, lp) from exc
         return
     fs, p = _fs(spark, path)
     jvm = spark.sparkContext._jvm
@@ -107,6 +116,40 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         fs.delete(p, False)
     if not fs.rename(tmp, p):
         raise OSError(f"could not rename {tmp} to {path}")
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else by setting it back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
+    """Create ``path`` holding ``text`` only if it does not exist (atomically where the
+    filesystem can: O_EXCL locally, createNewFile on HDFS); False if it exists."""
+    if is_local(path) or spark is None:
+        lp = local_path(path)
+        os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
+        try:
+            fd = os.open(lp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return True
+    fs, p = _fs(spark, path)
+    if not fs.createNewFile(p):
+        return False
+    write_text(spark, path, text)
+    return True
 
 
 def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:

@@ -206,6 +206,9 @@ class RowStats:
     bytes: int = 0
     words: int = 0
     special_tokens: int = 0
+    long_words: int = 0  # occurrences of words over max_word_bytes, left out
+    long_word_bytes: int = 0
+    rows_with_long_words: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -223,6 +226,7 @@ class WordCounter:
 
     pretokenizer: Pretokenizer
     file_index: int = 0  # the file whose rows add_row receives
+    max_word_bytes: int = 0  # longer words are left out (and counted in stats); 0 = no cap
     counts: dict[str, int] = field(default_factory=dict)
     first_file: list[int] = field(default_factory=list)
     first_row: list[int] = field(default_factory=list)
@@ -230,6 +234,7 @@ class WordCounter:
     stats: RowStats = field(default_factory=RowStats)
     max_row: int = 0  # largest row index with words, and largest rank in a row: they size
     max_rank: int = 0  # the first_seen bit layout, the same for every partitioning
+    _last_long_row: int = -1
 
     @property
     def first(self) -> dict[str, tuple[int, int, int]]:
@@ -279,12 +284,28 @@ class WordCounter:
         index = words.index
         at = -1
         ranks = []
+        cap = self.max_word_bytes
         for w in fresh:
             at = index(w, at + 1)
+            if cap and len(w) * 4 > cap and len(word_bytes(w)) > cap:
+                self._leave_out(w)  # a word new to this counter: its occurrences are here
+                continue
             ranks.append(at)
         self.first_rank += ranks
-        self.first_row += [row_index] * new
-        self.first_file += [self.file_index] * new
+        self.first_row += [row_index] * len(ranks)
+        self.first_file += [self.file_index] * len(ranks)
+
+    def _leave_out(self, word: str) -> None:
+        """A word over ``max_word_bytes``: not counted (nothing is learned from a 1 MB "word",
+        and it would make 1 MB tokens); its occurrences and bytes go to the statistics."""
+        n = self.counts.pop(word)
+        st = self.stats
+        st.words -= n
+        st.long_words += n
+        st.long_word_bytes += n * len(word_bytes(word))
+        if st.rows != self._last_long_row:
+            st.rows_with_long_words += 1
+            self._last_long_row = st.rows
 
 
 try:  # the C helper behind Counter(iterable); fall back to Counter if it ever moves
@@ -323,7 +344,8 @@ class FirstSeenLayout:
 
 
 def count_files(
-    pretokenizer: Pretokenizer, files: Iterable[tuple[int, Iterable[str | bytes | None]]]
+    pretokenizer: Pretokenizer, files: Iterable[tuple[int, Iterable[str | bytes | None]]],
+    max_word_bytes: int = 0,
 ) -> tuple[list[tuple[bytes, int, int]], RowStats]:
     """Single-process reference word count: ``files`` yields (file_index, rows) in corpus order.
 
@@ -337,7 +359,7 @@ def count_files(
     n_files = max_row = max_rank = 0
     for file_index, rows in files:
         n_files = max(n_files, file_index + 1)
-        wc = WordCounter(pretokenizer, file_index)
+        wc = WordCounter(pretokenizer, file_index, max_word_bytes=max_word_bytes)
         for r, value in enumerate(rows):
             wc.add_row(r, value)
         max_row, max_rank = max(max_row, wc.max_row), max(max_rank, wc.max_rank)

@@ -163,9 +163,14 @@ class Progress:
         self.jsonl = jsonl
         self.lock = threading.Lock()
         if jsonl:
-            os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
-            with open(jsonl, "w", encoding="utf-8"):
-                pass  # a new run starts a new file
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
+                with open(jsonl, "w", encoding="utf-8"):
+                    pass  # a new run starts a new file
+            except OSError as exc:
+                log.warning("cannot write %s (%s); heartbeats go to the log only", jsonl,
+                            exc.strerror)
+                self.jsonl = None
         self.bar = TerminalBar() if bar and sys.stderr.isatty() else None
         if self.bar is not None:
             _bar = self.bar
@@ -176,8 +181,13 @@ class Progress:
         with self.lock:
             log.info(text)
             if self.jsonl:
-                with open(self.jsonl, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(rec, default=str) + "\n")
+                try:
+                    with open(self.jsonl, "a", encoding="utf-8") as fh:
+                        fh.write(json.dumps(rec, default=str) + "\n")
+                except OSError as exc:  # a full disk must not fail the job from here
+                    log.warning("cannot append to %s (%s); heartbeats stay in the log only",
+                                self.jsonl, exc.strerror)
+                    self.jsonl = None
             if self.bar is not None and rec["event"] != "end" and rec.get("total"):
                 frac = min(1.0, rec["done"] / rec["total"])
                 fill = int(30 * frac)

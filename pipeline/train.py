@@ -16,6 +16,7 @@ Engines (all give the identical merge list; docs/DESIGN.md):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -48,6 +49,7 @@ from pipeline.count.word_count import (
 from pipeline.engines.local import LocalTrainer
 from pipeline.engines.rounds import RoundStats, run_rounds
 from pipeline.engines.spark import SparkPartitions, symbols_of
+from pipeline.lease import Lease
 from pipeline.memory import Budget, choose_engine, driver_budget, fits_driver
 from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
 from pipeline.progress import Progress, Stage
@@ -85,11 +87,8 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress) -> Wor
     changed = False
     if fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
-        spec = cfg.pretokenizer_spec()
-        if wt.meta.get("input") == cfg.input and wt.meta.get("pretokenizer") == {
-            "pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
-            "lowercase": spec.lowercase, "normalization": spec.normalization,
-        } and wt.meta.get("text_column") == cfg.text_column:
+        if (wt.meta.get("input") == cfg.input and wt.meta.get("text_column") == cfg.text_column
+                and all(getattr(cfg, k) == v for k, v in _table_settings(wt).items())):
             files, footers = list_input(spark, cfg)
             now = input_fingerprint(spark, files, footers)
             then = wt.meta.get("input_fingerprint")
@@ -106,13 +105,17 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress) -> Wor
     return WordTableChoice(wt, time.time() - t0, changed)
 
 
+def _table_settings(wt: WordTable) -> dict:
+    """The config keys a word table was made with."""
+    return {**wt.meta["pretokenizer"], "max_word_bytes": wt.meta.get("max_word_bytes", 0)}
+
+
 def _adopt_table_settings(cfg: Config, wt: WordTable) -> None:
-    pre = wt.meta["pretokenizer"]
-    for key in ("pattern", "special_tokens", "lowercase", "normalization"):
-        if getattr(cfg, key) != pre[key]:
+    for key, value in _table_settings(wt).items():
+        if getattr(cfg, key) != value:
             log.warning("the word table was made with %s = %r; using that (config said %r)",
-                        key, pre[key], getattr(cfg, key))
-            setattr(cfg, key, pre[key])
+                        key, value, getattr(cfg, key))
+            setattr(cfg, key, value)
 
 
 def _char_vocab(words: DataFrame, suffix: str) -> BaseVocab:
@@ -446,6 +449,8 @@ def _run_stats(prep: Prepared, out: MergeOutcome, tokens_left: list[int]) -> dic
         "base_vocab_size": prep.base.size,
         "special_tokens": len(cfg.special_tokens),
         "words_in_table": prep.table.meta.get("unique_words"),
+        "max_word_bytes": prep.table.meta.get("max_word_bytes", 0),
+        "left_out_of_training": prep.table.meta.get("left_out"),
         "symbols_in_table": prep.symbols,
         "corpus_tokens_before": prep.total_tokens,
         "corpus_tokens_after": tokens_left[-1] if tokens_left else prep.total_tokens,
@@ -468,20 +473,35 @@ def _run_stats(prep: Prepared, out: MergeOutcome, tokens_left: list[int]) -> dic
 
 def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
           progress: Progress | None = None) -> RunResult:
-    """Train end to end: :func:`prepare`, :func:`make_merges`, :func:`publish`. ``spark`` may
-    be a :class:`DeferredSession`: runs that need Spark SQL start creating it at once, in the
+    """Train end to end: :func:`prepare`, :func:`make_merges`, :func:`publish`, holding the
+    lease of the run directory (and of the checkpoint directory) throughout. ``spark`` may be
+    a :class:`DeferredSession`: runs that need Spark SQL start creating it at once, in the
     background; others may never create it."""
     t_start = time.time()
-    progress = progress or Progress("train", _progress_file(cfg), bar=cfg.progress_bar)
-    with progress.stage("prepare"):
-        prep = prepare(spark, cfg, progress, session_seconds)
-    if prep.done is not None:
-        log.info("run at %s is already complete (%d merges); nothing to do",
-                 cfg.output, prep.done.get("merges"))
-        return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
-    _invalidate_run(spark, cfg.output)
-    out = make_merges(spark, prep, progress)
-    return publish(spark, prep, out, progress, t_start)
+    with contextlib.ExitStack() as stack:
+        leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
+                  for d in _leased_dirs(cfg)]
+        progress = progress or Progress("train", _progress_file(cfg), bar=cfg.progress_bar)
+        with progress.stage("prepare"):
+            prep = prepare(spark, cfg, progress, session_seconds)
+        if prep.done is not None:
+            log.info("run at %s is already complete (%d merges); nothing to do",
+                     cfg.output, prep.done.get("merges"))
+            return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
+        _invalidate_run(spark, cfg.output)
+        out = make_merges(spark, prep, progress)
+        for lease in leases:  # never publish over a run that took the directory meanwhile
+            lease.check()
+        return publish(spark, prep, out, progress, t_start)
+
+
+def _leased_dirs(cfg: Config) -> list[str]:
+    """The run directory, and the checkpoint directory when it is not inside it."""
+    dirs = [cfg.output]
+    ckpt = cfg.checkpoint_dir
+    if ckpt and not ckpt.rstrip("/").startswith(cfg.output.rstrip("/") + "/"):
+        dirs.append(ckpt)
+    return dirs
 
 
 def _progress_file(cfg: Config) -> str | None:

@@ -285,6 +285,74 @@ def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, t
 
 
 @pytest.mark.spark
+@pytest.mark.slow
+def test_overlapping_runs_on_one_directory_do_not_interleave(spark, corpus, tmp_path, procs):
+    """A scheduler's retry starts while the first attempt still trains: the second refuses
+    with one line naming the holder; the first finishes untouched. A lease left by a killed
+    run does not block the next one."""
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
+            "--vocab-size", str(VOCAB)]
+    first = submit(args, tmp_path, "first", env=job_env(SPARK_BPE_INJECT="merges=pause:20"))
+    procs.append(first)
+    first.wait_until(lambda: "merges: started" in first.log(), 120, "the merge stage")
+    second = submit(args, tmp_path, "second")
+    procs.append(second)
+    assert second.wait(120) == 2, second.tail()
+    last = second.last_line()
+    assert last.startswith(f"error: {run} is in use by another run (host "), last
+    holder = json.loads((run / ".lease.json").read_text())
+    assert f"pid {holder['pid']}, started {holder['started']}" in last
+    assert first.wait(180) == 0, first.tail()
+    assert merges_txt(run) == merges_txt(ref) and not (run / ".lease.json").exists()
+
+    # killed while holding the lease: the next run on this host takes it over
+    third = submit([*args, "--vocab-size", str(VOCAB + 10)], tmp_path, "killed",
+                   env=job_env(SPARK_BPE_INJECT="merges=pause:60"))
+    procs.append(third)
+    third.wait_until(lambda: "merges: started" in third.log(), 120, "the merge stage")
+    third.kill()
+    assert (run / ".lease.json").exists()
+    p = submit([*args, "--vocab-size", str(VOCAB + 10)], tmp_path, "after-kill")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert "taking over the lease" in p.log() and "its process no longer exists" in p.log()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path,
+                                                                 procs):
+    """The disk fills up while checkpoints are written (no file may grow past 2 KB): exit 1,
+    one line naming the file; the earlier checkpoints stay valid and a rerun resumes."""
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
+            "--engine", "local", "--checkpoint-every-merges", "20"]
+    p = submit([*args, "--vocab-size", str(257 + 60)], tmp_path, "first")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert newest_checkpoint(run / "checkpoints") == 60
+
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "disk-full",
+               env=job_env(SPARK_BPE_INJECT="merges=fsize:2048"))
+    procs.append(p)
+    assert p.wait(180) == 1, p.tail()
+    last = p.last_line()
+    assert re.match(r"error: train could not write \S+/checkpoints/\S+ in stage 'merges': "
+                    r"File too large; .* rerun the same command to resume$", last), last
+    assert newest_checkpoint(run / "checkpoints") == 60 and not (run / "run.json").exists()
+
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "room-again")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert resumed_from(p.log()) == 60
+    assert merges_txt(run) == merges_txt(ref)
+    assert not list((run / "checkpoints").glob(".tmp-*"))  # the torn temp file is gone
+
+
+@pytest.mark.spark
 def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path, procs):
     words = tmp_path / "words"
     shutil.copytree(reference_run(spark, corpus, VOCAB).parent / "reference-words", words)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -188,8 +190,14 @@ def test_deferred_session_is_created_only_when_used(spark, tmp_path):
     assert lazy.sparkContext.parallelize(range(3), 2).sum() == 3 and not lazy.created
     cfg = Config(input=str(SAMPLE), output=str(tmp_path / "lazy"), vocab_size=400,
                  special_tokens=["<|endoftext|>"], progress_bar=False)
-    lazy_run = train(lazy, cfg)
+    old_mask = os.umask(0o022)
+    try:
+        lazy_run = train(lazy, cfg)
+    finally:
+        os.umask(old_mask)
     assert not lazy.created, "the fast path must not need a SparkSession"
+    for name in ("merges.txt", "run.json", "tokenizer.json", "words/word_table.json"):
+        assert stat.S_IMODE((tmp_path / "lazy" / name).stat().st_mode) == 0o644, name
     eager_run = train(spark, Config(**{**cfg.__dict__, "output": str(tmp_path / "eager")}))
     assert lazy_run.merges == eager_run.merges and len(lazy_run.merges) == 400 - 257
     assert lazy.range(4).count() == 4 and lazy.created and lazy.session() is spark

@@ -134,7 +134,13 @@ def test_bad_inputs_fail_clearly(spark, tmp_path):
         (Config(input=str(tmp_path / "num"), output=str(tmp_path / "o3"), text_column="body"),
          "not in"),
         (Config(input=str(tmp_path / "empty"), output=str(tmp_path / "o4")), "no words"),
-        (Config(input=str(tmp_path / "junk"), output=str(tmp_path / "o5")), "cannot read"),
+        (Config(input=str(tmp_path / "junk"), output=str(tmp_path / "o5")),
+         r"junk/a\.parquet is not a readable Parquet file \(Parquet magic bytes not found.*"
+         r"--ignore-corrupt-files"),
+        (Config(input=str(tmp_path / "junk"), output=str(tmp_path / "o6"), count_reader="spark"),
+         r"junk/a\.parquet is not a readable Parquet file"),
+        (Config(input=str(tmp_path / "junk"), output=str(tmp_path / "o7"),
+                ignore_corrupt_files=True), "no readable Parquet files .*1 unreadable"),
     ]
     for cfg, msg in cases:
         with pytest.raises(ConfigError, match=msg):

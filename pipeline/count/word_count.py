@@ -18,6 +18,7 @@ import heapq
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -49,7 +50,8 @@ from pipeline.spark_session import job_group, start_session, task_progress
 
 log = logging.getLogger(__name__)
 
-WORD_TABLE_VERSION = 1
+WORD_TABLE_VERSION = 2  # v2: max_word_bytes, input_fingerprint (v1 is read as "no cap")
+READABLE_VERSIONS = (1, 2)
 WORD_TABLE_SCHEMA = T.StructType(
     [
         T.StructField("word", T.BinaryType(), False),
@@ -61,6 +63,7 @@ _PARTIAL_SCHEMA = (
     "kind byte, word binary, count long, file int, row long, rank int"
 )
 KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
+UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
 
 
 def normalize_path(path: str) -> str:
@@ -70,8 +73,12 @@ def normalize_path(path: str) -> str:
     return f"{scheme}://{u.netloc}{unquote(u.path)}"
 
 
-def read_corpus(spark: SparkSession, path: str, text_column: str) -> tuple[DataFrame, list[str]]:
-    """The corpus as (text, file index, row index), and its files in corpus (path) order."""
+def read_corpus(spark: SparkSession, path: str, text_column: str,
+                ignore_corrupt: bool = False) -> tuple[DataFrame, list[str]]:
+    """The corpus as (text, file index, row index), and its files in corpus (path) order.
+    ``ignore_corrupt``: Spark's own ``spark.sql.files.ignoreCorruptFiles`` for this scan."""
+    if ignore_corrupt:
+        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
     try:
         df = spark.read.parquet(path)
     except AnalysisException as exc:
@@ -80,8 +87,11 @@ def read_corpus(spark: SparkSession, path: str, text_column: str) -> tuple[DataF
             raise ConfigError(f"config key 'input': path does not exist: {path}") from None
         raise ConfigError(f"config key 'input': cannot read Parquet at {path}: {msg}") from None
     except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"config key 'input': cannot read Parquet at {path}: {first}") from None
+        named = _unreadable_file_error(exc)
+        if named is not None:
+            raise named from None
+        raise ConfigError(f"config key 'input': cannot read Parquet at {path}: "
+                          f"{_first_line(exc)}") from None
     if text_column not in df.columns:
         raise ConfigError(
             f"config key 'text_column': column {text_column!r} not in {path} "
@@ -103,14 +113,23 @@ _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
                pa.types.is_large_binary)
 
 
+def corrupt_file_error(path: str, reason: str) -> ConfigError:
+    return ConfigError(
+        f"config key 'input': {path} is not a readable Parquet file ({reason}); fix or remove "
+        "it, or pass --ignore-corrupt-files to skip unreadable files")
+
+
 def list_local_corpus(path: str, text_column: str,
-                      footers: dict[str, pq.FileMetaData] | None = None) -> list[str] | None:
+                      footers: dict[str, pq.FileMetaData] | None = None,
+                      skipped: list[str] | None = None) -> list[str] | None:
     """The files of a local corpus listed without the JVM (as :func:`read_corpus` lists them),
     when that is unambiguous: one Parquet file, or a directory that holds only files (names
     starting with ``_`` or ``.`` skipped, as Spark does). None lets Spark list and validate:
-    globs, nested or partitioned directories, other filesystems, a file pyarrow cannot open,
-    a missing column or one that is not text. ``footers``, if given, receives each listed
-    file's Parquet metadata (read once, for :func:`plan_slices`)."""
+    globs, nested or partitioned directories, other filesystems, a missing column or one that
+    is not text. A file whose Parquet footer cannot be read is an error naming it, or, with
+    ``skipped`` given (``ignore_corrupt_files``), left out and added to ``skipped``.
+    ``footers``, if given, receives each listed file's Parquet metadata (read once, for
+    :func:`plan_slices`)."""
     if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
         return None
     local = os.path.abspath(fsutil.local_path(path))
@@ -128,18 +147,29 @@ def list_local_corpus(path: str, text_column: str,
         try:
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()
-        except Exception:  # noqa: BLE001 - Spark's reader gives the error message
-            return None
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+            if skipped is None:
+                raise corrupt_file_error(f, _first_line(exc)) from None
+            skipped.append(normalize_path("file://" + f))
+            continue
         i = schema.get_field_index(text_column)
         if i < 0 or not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
             return None
         read[normalize_path("file://" + f)] = meta
     if footers is not None:
         footers.update(read)
+    if not read:
+        raise ConfigError(f"config key 'input': no readable Parquet files under {path} "
+                          f"({len(skipped or [])} unreadable ones skipped)")
     return sorted(read)
 
 
-def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int], max_word_bytes: int):
     """The Spark-reader task: rows arrive from Spark's Parquet scan as Arrow batches of
     (text, path, row index)."""
 
@@ -157,12 +187,14 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int]):
                 fidx = file_index[normalize_path(paths[start].as_py())]
                 wc = counters.get(fidx)
                 if wc is None:
-                    wc = counters[fidx] = WordCounter(pre, fidx)
+                    wc = counters[fidx] = WordCounter(pre, fidx, max_word_bytes=max_word_bytes)
                 add = wc.add_row
                 for i in range(start, end):
                     add(rows[i], texts[i])
                 start = end
-        yield from _partial_batches(counters.values())
+        # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark
+        yield from _partial_batches(counters.values(), {f"file_rows:{i}": wc.stats.rows
+                                                        for i, wc in counters.items()})
 
     return count_partition
 
@@ -208,21 +240,31 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
     return plan
 
 
-def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice]
+def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice],
+                  max_word_bytes: int = 0, ignore_corrupt: bool = False
                   ) -> Iterator[pa.RecordBatch]:
     """The Arrow-reader task: read these row groups with pyarrow and count their words."""
-    wc = WordCounter(Pretokenizer(spec))  # one counter: the slices come in corpus order
+    # one counter: the slices come in corpus order
+    wc = WordCounter(Pretokenizer(spec), max_word_bytes=max_word_bytes)
     add = wc.add_row
+    unreadable: set[int] = set()
     for s in slices:
+        if s.file_index in unreadable:
+            continue
         wc.file_index = s.file_index
         row = s.first_row
-        parquet = pq.ParquetFile(s.path)
-        for batch in parquet.iter_batches(batch_size=4096, row_groups=list(s.row_groups),
-                                          columns=[text_column], use_threads=False):
-            for text in batch.column(0).to_pylist():
-                add(row, text)
-                row += 1
-    yield from _partial_batches([wc])
+        try:
+            parquet = pq.ParquetFile(s.path)
+            for batch in parquet.iter_batches(batch_size=4096, row_groups=list(s.row_groups),
+                                              columns=[text_column], use_threads=False):
+                for text in batch.column(0).to_pylist():
+                    add(row, text)
+                    row += 1
+        except (OSError, pa.ArrowException) as exc:
+            if not ignore_corrupt:  # the driver turns this into one line naming the file
+                raise RuntimeError(f"{UNREADABLE} {s.path} :: {_first_line(exc)}") from None
+            unreadable.add(s.file_index)  # what was read is kept, as Spark does
+    yield from _partial_batches([wc], {f"skipped_file:{i}": 1 for i in unreadable})
 
 
 PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
@@ -238,8 +280,10 @@ def _arrow_ipc(batches: Iterator[pa.RecordBatch]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _partial_batches(counters: Iterable[WordCounter]) -> Iterator[pa.RecordBatch]:
-    """A task's output: each file's words, then one batch of summed and maximal statistics."""
+def _partial_batches(counters: Iterable[WordCounter], extra: dict[str, int] | None = None
+                     ) -> Iterator[pa.RecordBatch]:
+    """A task's output: each file's words, then one batch of summed and maximal statistics
+    (``extra``: more summed statistics, by name)."""
     total = RowStats()
     maxima = {"max_row": 0, "max_rank": 0}
     for wc in counters:
@@ -249,7 +293,7 @@ def _partial_batches(counters: Iterable[WordCounter]) -> Iterator[pa.RecordBatch
             setattr(total, k, getattr(total, k) + v)
         maxima["max_row"] = max(maxima["max_row"], wc.max_row)
         maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
-    stats = total.as_dict()
+    stats = {**total.as_dict(), **(extra or {})}
     kinds = [KIND_STAT] * len(stats) + [KIND_MAX] * len(maxima)
     names = list(stats) + list(maxima)
     values = list(stats.values()) + list(maxima.values())
@@ -527,13 +571,14 @@ def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
 def _partial_frame(spark: SparkSession, df: DataFrame | None, cfg: Config, spec: PretokenizerSpec,
                    files: list[str], plan: list[list[ReadSlice]] | None) -> DataFrame:
     """The tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``)."""
+    cap, ignore = cfg.max_word_bytes, cfg.ignore_corrupt_files
     if plan is not None:  # one row per task: task i reads plan[i]
         text_column = cfg.text_column
 
         def count_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for b in batches:
                 for i in b.column(0).to_pylist():
-                    yield from _count_slices(spec, text_column, plan[i])
+                    yield from _count_slices(spec, text_column, plan[i], cap, ignore)
 
         n = len(plan)
         return spark.range(0, n, 1, n).mapInArrow(count_tasks, _PARTIAL_SCHEMA)
@@ -547,7 +592,7 @@ def _partial_frame(spark: SparkSession, df: DataFrame | None, cfg: Config, spec:
     if cfg.num_partitions:
         # keep each file's rows in order inside a partition: repartition by file, sort rows
         src = src.repartition(cfg.num_partitions, "path").sortWithinPartitions("path", "row")
-    return src.mapInArrow(_count_partition_fn(spec, file_index), _PARTIAL_SCHEMA)
+    return src.mapInArrow(_count_partition_fn(spec, file_index, cap), _PARTIAL_SCHEMA)
 
 
 def _collect_partials(spark: SparkSession, df: DataFrame | None, cfg: Config,
@@ -557,11 +602,11 @@ def _collect_partials(spark: SparkSession, df: DataFrame | None, cfg: Config,
     Arrow IPC stream as bytes, which the JVM passes through untouched."""
     if plan is None:
         return _partial_frame(spark, df, cfg, spec, files, plan).toArrow()
-    text_column = cfg.text_column
+    text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
 
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
-            yield _arrow_ipc(_count_slices(spec, text_column, plan[i]))
+            yield _arrow_ipc(_count_slices(spec, text_column, plan[i], cap, ignore))
 
     n = len(plan)
     blobs = spark.sparkContext.parallelize(range(n), n).mapPartitions(count_task).collect()
@@ -587,34 +632,60 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
 
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) -> WordTable:
-    df = None
     footers: dict[str, pq.FileMetaData] = {}
-    files = (None if cfg.count_reader == "spark"
-             else list_local_corpus(cfg.input, cfg.text_column, footers))
+    skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
+    df, files = None, _list_local(cfg, footers, skipped)
     plan = None if files is None else _arrow_plan(spark, cfg, files, footers)
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)
         warming = _warm_workers(spark, spec)
-        df, files = read_corpus(spark, cfg.input, cfg.text_column)
+        df, files = read_corpus(spark, cfg.input, cfg.text_column, cfg.ignore_corrupt_files)
         plan = _arrow_plan(spark, cfg, files)
     try:
         fingerprint = input_fingerprint(spark, files, footers)
-        return _count_and_write(spark, cfg, spec, t0, df, files, plan, fingerprint)
+        return _count_and_write(spark, cfg, spec, t0, df, files, plan, fingerprint,
+                                skipped or [])
+    except Exception as exc:
+        named = _unreadable_file_error(exc)
+        if named is None:
+            raise
+        raise named from None
     finally:
         if warming is not None:
             warming.join()
+
+
+def _list_local(cfg: Config, footers: dict[str, pq.FileMetaData],
+                skipped: list[str] | None) -> list[str] | None:
+    if cfg.count_reader == "spark":
+        return None
+    return list_local_corpus(cfg.input, cfg.text_column, footers, skipped)
+
+
+def _unreadable_file_error(exc: BaseException) -> ConfigError | None:
+    """A count that failed on a corrupt input file, as one line naming the file (exit 2)."""
+    text = str(exc)
+    m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
+    if m:
+        return corrupt_file_error(m.group(1), m.group(2).strip())
+    m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
+    if m:
+        cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
+                 or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
+        why = cause.group(1) if cause else m.group(1).replace("_", " ").lower()
+        return corrupt_file_error(m.group(2), why.strip())
+    return None
 
 
 def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, pq.FileMetaData]]:
     """The input's files in corpus order, listed as the count lists them (without the JVM for
     a plain local corpus), and the Parquet footers read on the way."""
     footers: dict[str, pq.FileMetaData] = {}
-    files = (None if cfg.count_reader == "spark"
-             else list_local_corpus(cfg.input, cfg.text_column, footers))
+    files = _list_local(cfg, footers, [] if cfg.ignore_corrupt_files else None)
     if files is None:
         start_session(spark)
-        _, files = read_corpus(spark, cfg.input, cfg.text_column)
+        _, files = read_corpus(spark, cfg.input, cfg.text_column, cfg.ignore_corrupt_files)
     return files, footers
 
 
@@ -673,8 +744,37 @@ def describe_input_change(old: dict | None, new: dict) -> str:
 
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
                      df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None,
-                     fingerprint: dict) -> WordTable:
+                     fingerprint: dict, skipped: list[str]) -> WordTable:
     tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        return _count_into(spark, cfg, spec, t0, df, files, plan, fingerprint, skipped, tmp)
+    except BaseException:
+        with contextlib.suppress(Exception):  # nothing half-written is left behind
+            fsutil.delete(spark, tmp)
+        raise
+
+
+def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list[str],
+                   spark_read: bool, ignore: bool) -> list[str]:
+    """The unreadable input files left out (``ignore_corrupt_files``), from the listing and
+    the tasks' statistics (which this removes from ``stats``)."""
+    skipped = list(listed_skipped)
+    with_rows: set[int] = set()
+    for key in [k for k in stats if k.startswith(("skipped_file:", "file_rows:"))]:
+        value = stats.pop(key)
+        index = int(key.split(":", 1)[1])
+        if key.startswith("skipped_file:"):
+            skipped.append(files[index])
+        elif value:
+            with_rows.add(index)
+    if spark_read and ignore:  # Spark skips unreadable files silently: they gave no rows
+        skipped += [f for i, f in enumerate(files) if i not in with_rows]
+    return sorted(set(skipped))
+
+
+def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
+                df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None,
+                fingerprint: dict, skipped: list[str], tmp: str) -> WordTable:
     input_mb = _input_megabytes(spark, files)
     reader = "pyarrow in the tasks" if plan is not None else "Spark's Parquet scan"
     collected = None
@@ -703,6 +803,13 @@ def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t
     t_write = time.time()
     log.info("wrote the word table in %.1f s", t_write - t_count)
     stats["unique_words"] = unique_words
+    stats["skipped_files"] = _skipped_files(stats, files, skipped, plan is None,
+                                            cfg.ignore_corrupt_files)
+    if stats["skipped_files"]:
+        log.warning("ignore_corrupt_files: left out %d unreadable input files (listed in "
+                    "stats.json): %s", len(stats["skipped_files"]),
+                    ", ".join(stats["skipped_files"][:5])
+                    + (" ..." if len(stats["skipped_files"]) > 5 else ""))
     if stats.get("words", 0) == 0:
         fsutil.delete(spark, tmp)
         raise ConfigError(
@@ -725,8 +832,12 @@ def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t
             "lowercase": spec.lowercase,
             "normalization": spec.normalization,
         },
+        "max_word_bytes": cfg.max_word_bytes,
         "unique_words": stats["unique_words"],
         "stats": {k: stats[k] for k in ("rows", "words", "bytes", "unique_words")},
+        "left_out": {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
+                                                      "rows_with_long_words")},
+                     "unreadable_files": stats["skipped_files"]},
     }
     if merged is not None:
         meta["digest"] = table_digest(merged)
@@ -739,6 +850,11 @@ def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
         stats["empty_rows"], stats["seconds"], cfg.output,
     )
+    if stats.get("long_words"):
+        log.warning("left out %d occurrences of words longer than max_word_bytes = %d "
+                    "(%d bytes in %d rows; counted in stats.json)", stats["long_words"],
+                    cfg.max_word_bytes, stats["long_word_bytes"],
+                    stats["rows_with_long_words"])
     return WordTable(cfg.output, meta, merged)
 
 
@@ -757,10 +873,12 @@ def open_word_table(spark: SparkSession, path: str) -> WordTable:
             f"config key 'words': {meta_path} is corrupt; recreate the table with "
             "jobs/count_words.py"
         ) from None
-    if meta.get("format") != "spark-bpe word table" or meta.get("version") != WORD_TABLE_VERSION:
+    if (meta.get("format") != "spark-bpe word table"
+            or meta.get("version") not in READABLE_VERSIONS):
         raise ConfigError(
             f"config key 'words': {path} has format {meta.get('format')!r} version "
-            f"{meta.get('version')!r}; this build reads version {WORD_TABLE_VERSION}. "
+            f"{meta.get('version')!r}; this build reads versions {READABLE_VERSIONS}. "
             "Recreate it with jobs/count_words.py"
         )
+    meta.setdefault("max_word_bytes", 0)  # v1 tables were counted without a cap
     return WordTable(path, meta)

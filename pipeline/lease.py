@@ -1,0 +1,156 @@
+"""One run at a time per run directory: a lease file that overlapping runs respect.
+
+A scheduler may start a retry while the first attempt still runs, or two schedules may point
+at the same output. Before it writes anything, a training run takes the lease of its run
+directory (and of its checkpoint directory, when that is elsewhere): ``.lease.json`` with the
+holder's host, pid, start time and the time it last renewed it. The file is created
+exclusively (``O_EXCL`` locally, ``createNewFile`` on HDFS), renewed by a background thread
+every ``timeout / 4`` seconds, and deleted when the run ends.
+
+A second run finds the lease held and stops with one line naming the holder, unless the
+holder is gone: on the same host its process no longer exists, or anywhere its last renewal is
+older than ``timeout`` seconds. A gone holder's lease is taken over, with a log line. (On an
+object store without atomic create, two runs starting in the same second can both believe
+they won; the renewal check notices within ``timeout / 4`` seconds and one of them stops.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+
+from pipeline import fsutil
+from pipeline.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+NAME = ".lease.json"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+class LeaseHeld(ConfigError):
+    """The directory is leased by another run that is still alive."""
+
+
+class Lease:
+    def __init__(self, spark, directory: str, timeout: float, purpose: str = "run"):
+        self.spark, self.dir, self.timeout, self.purpose = spark, directory, timeout, purpose
+        self.path = fsutil.join(directory, NAME)
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(),
+                   "started": _iso(_now()), "id": uuid.uuid4().hex}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False  # set when another run took the lease (this one must stop)
+
+    # -- the file ----------------------------------------------------------------------------------
+    def _record(self) -> str:
+        return json.dumps({**self.me, "renewed": _now(), "renewed_at": _iso(_now()),
+                           "timeout": self.timeout}, indent=1)
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(fsutil.read_text(self.spark, self.path))
+        except (OSError, ValueError):
+            return None
+        except Exception:  # noqa: BLE001 - a Hadoop FileNotFoundException through py4j
+            return None
+
+    def _gone(self, holder: dict) -> str:
+        """Why the holder is gone ('' if it may be alive)."""
+        age = _now() - float(holder.get("renewed", 0))
+        if age > self.timeout:
+            return f"its last renewal was {age:,.0f} s ago (lease_timeout_seconds = " \
+                   f"{self.timeout:g})"
+        if holder.get("host") == self.me["host"] and not _process_exists(int(holder["pid"])):
+            return "its process no longer exists"
+        return ""
+
+    # -- acquire / renew / release -----------------------------------------------------------------
+    def acquire(self) -> Lease:
+        fsutil.mkdirs(self.spark, self.dir)
+        for _ in range(3):
+            if fsutil.create_exclusive(self.spark, self.path, self._record()):
+                break
+            holder = self._read()
+            if holder is None:  # being written or removed right now: look again
+                time.sleep(0.2)
+                continue
+            why = self._gone(holder)
+            if not why:
+                raise LeaseHeld(
+                    f"{self.dir} is in use by another {self.purpose} (host {holder.get('host')}, "
+                    f"pid {holder.get('pid')}, started {holder.get('started')}, last seen "
+                    f"{_now() - float(holder.get('renewed', 0)):,.0f} s ago); wait for it to "
+                    f"finish, or, if it is gone, delete {self.path} (a lease not renewed for "
+                    f"lease_timeout_seconds = {self.timeout:g} is taken over by itself)")
+            log.warning("taking over the lease of %s from host %s pid %s (started %s): %s",
+                        self.dir, holder.get("host"), holder.get("pid"), holder.get("started"),
+                        why)
+            fsutil.write_text(self.spark, self.path, self._record())
+            time.sleep(0.2)  # a concurrent taker writes too: the last writer wins, check
+            if (self._read() or {}).get("id") == self.me["id"]:
+                break
+        else:
+            raise LeaseHeld(f"could not take the lease of {self.dir} ({self.path})")
+        self._thread = threading.Thread(target=self._renew, name="spark-bpe-lease",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.timeout / 4):
+            holder = self._read()
+            if holder is not None and holder.get("id") != self.me["id"]:
+                self.lost = True
+                log.error("the lease of %s was taken by host %s pid %s", self.dir,
+                          holder.get("host"), holder.get("pid"))
+                return
+            try:
+                fsutil.write_text(self.spark, self.path, self._record())
+            except Exception as exc:  # noqa: BLE001 - a failed renewal is retried next time
+                log.warning("could not renew the lease of %s: %s", self.dir, exc)
+
+    def check(self) -> None:
+        """Raise if another run took this lease (call before publishing)."""
+        if self.lost:
+            raise LeaseHeld(f"another run took over {self.dir} while this one ran; "
+                            "this run stops without publishing")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
+            try:
+                fsutil.delete(self.spark, self.path)
+            except Exception as exc:  # noqa: BLE001 - a leftover lease goes stale
+                log.warning("could not remove the lease %s: %s", self.path, exc)
+
+    def __enter__(self) -> Lease:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
