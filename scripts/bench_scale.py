@@ -1,0 +1,460 @@
+"""Ours vs Hugging Face tokenizers vs rustbpe at scale: wall time and peak memory of the whole
+process tree, side by side in one run, interleaved.
+
+    .venv/bin/python scripts/bench_scale.py [CORPUS ...] [--vocab-size 32768] [--repeat 1]
+        [--tools ours,tokenizers,rustbpe] [--with-count-stage] [--ours-args "..."]
+        [--spark-args "..."] [--json out/bench_scale.json] [--plot out/bench_scale.svg]
+
+Every run is a fresh subprocess: ours is ``spark-submit --master local[2] jobs/train.py``
+(launcher, JVM, Python driver, Python workers); a reference is this script in ``--_ref`` mode
+(``tokenizers`` / rustbpe ``train_from_iterator`` over the Parquet rows streamed in corpus
+order, see bench_common). Every ~0.2 s the whole process tree's VmRSS is read from /proc: the
+peak of the tree's sum, and per-process peaks grouped by role (jvm, python driver, python
+workers, launcher, reference). RSS sums count pages shared after fork (the PySpark daemon and
+its workers) more than once. ``os.wait4`` gives the cross-check, ru_maxrss (the largest single
+process of the tree, exact, as 0.2 s sampling can miss a short peak, but never below this
+script's own peak, which exec hands down), and CPU s (user + sys of the reaped tree: less
+sensitive than wall time to a busy machine). Ours also reports RUN_DIR/stats.json (stage
+seconds, engine, rounds, merges per round, driver peak RSS). ``--with-count-stage`` adds a
+vocab-257 run of each reference (its pre-tokenize + count stage). A failing run is recorded
+with its exit code and the end of its stderr. Results are rewritten to the JSON file after
+every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_common import (  # noqa: E402
+    DEFAULT_CORPUS,
+    REPO,
+    corpus_files,
+    hf_train_rows,
+    iter_rows,
+    rustbpe_train,
+)
+
+PY = str(REPO / ".venv" / "bin" / "python")
+SPARK_SUBMIT = str(REPO / ".venv" / "bin" / "spark-submit")
+DEFAULT_CORPORA = [str(DEFAULT_CORPUS), "/work/scale/c1g", "/work/scale/c4g"]
+TOOLS = ("ours", "tokenizers", "rustbpe")
+COLORS = {"ours": "#d62728", "tokenizers": "#1f77b4", "rustbpe": "#2ca02c"}
+
+
+# ---------------------------------------------------------------- process-tree sampling
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        if stat := _read(f"/proc/{d}/stat"):  # "pid (comm) state ppid ..."
+            kids.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(int(d))
+    return kids
+
+
+def _role(pid: int) -> str:
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        exe = ""
+    cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode("utf-8", "replace")
+    if exe == "java":
+        return "jvm"
+    if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
+        return "python workers"
+    if "python" in exe:
+        return "python driver" if "jobs/train.py" in cmd else "reference"
+    return "launcher"
+
+
+class TreeSampler(threading.Thread):
+    """Peak VmRSS of a process tree: of the sum, and of each process (grouped by role)."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.done = threading.Event()
+        self.peak_total = 0
+        self.samples = 0
+        self.peak: dict[int, int] = {}
+        self.role: dict[int, str] = {}
+        self.peak_role_sum: dict[str, int] = {}
+
+    def run(self) -> None:
+        while True:
+            self.sample()
+            if self.done.wait(self.interval):
+                return
+
+    def sample(self) -> None:
+        kids, todo, total, sums = _children(), [self.root], 0, {}
+        while todo:
+            pid = todo.pop()
+            todo += kids.get(pid, [])
+            rss = 0
+            for line in _read(f"/proc/{pid}/status").splitlines():
+                if line.startswith(b"VmRSS:"):
+                    rss = int(line.split()[1])
+            if not rss:
+                continue
+            role = self.role[pid] = _role(pid)  # the latest: bash exec's java
+            self.peak[pid] = max(self.peak.get(pid, 0), rss)
+            sums[role] = sums.get(role, 0) + rss
+            total += rss
+        self.samples += 1
+        self.peak_total = max(self.peak_total, total)
+        for role, v in sums.items():
+            self.peak_role_sum[role] = max(self.peak_role_sum.get(role, 0), v)
+
+    def summary(self) -> dict:
+        roles: dict[str, dict] = {}
+        for pid, kb in self.peak.items():
+            r = roles.setdefault(self.role[pid], {"processes": 0, "per_process_mb": []})
+            r["processes"] += 1
+            r["per_process_mb"].append(round(kb / 1024, 1))
+        for name, r in roles.items():
+            r["per_process_mb"].sort(reverse=True)
+            r["peak_process_mb"] = r["per_process_mb"][0]
+            r["peak_sum_mb"] = round(self.peak_role_sum.get(name, 0) / 1024, 1)
+        return {"peak_tree_mb": round(self.peak_total / 1024, 1), "samples": self.samples,
+                "roles": roles}
+
+
+def run_measured(cmd: list[str], env: dict[str, str], log: Path, interval: float) -> dict:
+    t0 = time.perf_counter()
+    with open(f"{log}.out", "wb") as out, open(f"{log}.err", "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, cwd=REPO)
+    sampler = TreeSampler(proc.pid, interval)
+    sampler.start()
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    sampler.done.set()
+    sampler.join()
+    res = {"cmd": shlex.join(cmd), "exit_code": proc.returncode, "wall_seconds": round(wall, 2),
+           "cpu_seconds": round(ru.ru_utime + ru.ru_stime, 1),
+           "ru_maxrss_mb": round(ru.ru_maxrss / 1024, 1), **sampler.summary()}
+    if proc.returncode != 0:  # our jobs log their error to stdout, the references to stderr
+        for name in ("out", "err"):
+            tail = Path(f"{log}.{name}").read_text(errors="replace").splitlines()[-15:]
+            res[f"std{name}_tail"] = tail
+            res.setdefault("error", next((ln for ln in reversed(tail) if "rror" in ln), None))
+    return res
+
+
+# ---------------------------------------------------------------- the runs
+
+def ref_main(tool: str, corpus: str, vocab: int, pattern: str, out: str) -> None:
+    """Inside the reference's own subprocess: train, report seconds and own peak RSS."""
+    t0 = time.perf_counter()
+    train = hf_train_rows if tool == "tokenizers" else rustbpe_train
+    n = train(iter_rows(corpus), vocab, pattern)
+    secs = time.perf_counter() - t0
+    Path(out).write_text(json.dumps({
+        "train_seconds": round(secs, 2), "vocab_size": n,
+        "self_ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }))
+
+
+def run_ref(tool: str, corpus: str, vocab: int, args, work: Path, tag: str) -> dict:
+    out = work / f"{tag}.json"
+    cmd = [PY, os.path.abspath(__file__), "--_ref", tool, "--vocab-size", str(vocab),
+           "--pattern", args.pattern, "--_out", str(out), corpus]
+    res = run_measured(cmd, dict(os.environ), work / tag, args.interval)
+    if res["exit_code"] == 0 and out.exists():
+        res.update(json.loads(out.read_text()))
+    return res
+
+
+def run_ours(corpus: str, args, work: Path, tag: str) -> dict:
+    run_dir = work / tag
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [SPARK_SUBMIT, "--master", "local[2]", *shlex.split(args.spark_args),
+           str(REPO / "jobs" / "train.py"), "--input", corpus, "--output", str(run_dir),
+           "--vocab-size", str(args.vocab_size), "--pattern", args.pattern, "--no-progress-bar",
+           *shlex.split(args.ours_args)]
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": PY,
+           "PYSPARK_DRIVER_PYTHON": PY}
+    res = run_measured(cmd, env, work / tag, args.interval)
+    stats_path = run_dir / "stats.json"
+    if stats_path.exists():
+        st = json.loads(stats_path.read_text())
+        res.update({k: st.get(k) for k in ("stage_seconds", "engine", "spark_rounds",
+                                           "spark_merges_per_round", "driver_peak_rss_mb",
+                                           "words_in_table", "symbols_in_table", "merges")})
+    if not args.keep_runs:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return res
+
+
+def corpus_info(corpus: str) -> dict:
+    """Rows and MB of text, read in a subprocess: a child's ru_maxrss starts at its parent's
+    peak RSS (exec takes over the parent's high-water mark), so this process stays small."""
+    out = subprocess.run([PY, os.path.abspath(__file__), "--_info", corpus], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def _corpus_info(corpus: str) -> dict:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rows = nbytes = 0
+    for f in corpus_files(corpus):
+        pf = pq.ParquetFile(f)
+        rows += pf.metadata.num_rows
+        for i in range(pf.num_row_groups):
+            col = pf.read_row_group(i, columns=["text"]).column(0)
+            nbytes += pc.sum(pc.binary_length(col.cast("binary"))).as_py() or 0
+    return {"path": corpus, "rows": rows, "mb": round(nbytes / 1e6, 1)}
+
+
+# ---------------------------------------------------------------- reporting
+
+def _med(runs: list[dict], key: str) -> float | None:
+    xs = [r[key] for r in runs if r.get("exit_code") == 0 and r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _f(x, fmt: str = "{:.1f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def table(results: dict) -> str:
+    out = ["| corpus | MB | tool | wall s | CPU s | train s | count stage s | peak RSS, tree | "
+           "peak per process (by role) | ru_maxrss | notes |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for c in results["corpora"]:
+        for tool in results["tools"]:
+            runs = [r for r in results["runs"] if r["corpus"] == c["path"] and r["tool"] == tool
+                    and r["vocab"] == results["vocab_size"]]
+            if not runs:
+                continue
+            ok = [r for r in runs if r["exit_code"] == 0]
+            last = (ok or runs)[-1]
+            count = [r for r in results["runs"] if r["corpus"] == c["path"]
+                     and r["tool"] == tool and r["vocab"] == 257]
+            count_s = _med(count, "train_seconds")
+            if tool == "ours" and last.get("stage_seconds"):
+                count_s = last["stage_seconds"].get("count_words")
+            roles = "; ".join(f"{k} {v['peak_process_mb']:.{0 if v['peak_process_mb'] > 9 else 1}f}"
+                              + (f" (x{v['processes']}, sum {v['peak_sum_mb']:.0f})"
+                                 if v["processes"] > 1 else "")
+                              for k, v in sorted(last["roles"].items()))
+            notes = [f"FAILED exit {r['exit_code']}: {(r.get('error') or '')[:120]}"
+                     for r in runs if r["exit_code"] != 0]
+            if tool == "ours" and last.get("stage_seconds"):
+                st = last["stage_seconds"]
+                notes.append("stages " + ", ".join(f"{k} {v:.1f}" for k, v in st.items()
+                                                   if isinstance(v, (int, float))))
+                notes.append(f"engine {last.get('engine')}, {last.get('spark_rounds')} rounds, "
+                             f"driver_peak_rss_mb {last.get('driver_peak_rss_mb')}")
+            if len(ok) > 1:
+                notes.append("runs " + ", ".join(f"{r['wall_seconds']:.0f}" for r in ok))
+            out.append(f"| {Path(c['path']).name} | {c['mb']:,.0f} | {tool} | "
+                       f"{_f(_med(runs, 'wall_seconds'))} | {_f(_med(runs, 'cpu_seconds'))} | "
+                       f"{_f(_med(runs, 'train_seconds'))} | "
+                       f"{_f(count_s)} | {_f(_med(runs, 'peak_tree_mb'), '{:,.0f} MB')} | "
+                       f"{roles} | {_f(_med(runs, 'ru_maxrss_mb'), '{:,.0f} MB')} | "
+                       f"{'; '.join(notes)} |")
+    return "\n".join(out)
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    import math
+    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)):
+        out = [m * 10 ** e for e in range(math.floor(math.log10(lo)) - 1,
+                                          math.ceil(math.log10(hi)) + 1)
+               for m in mantissas if lo <= m * 10 ** e <= hi]
+        if len(out) >= 3:
+            break
+    return out
+
+
+def svg_plot(results: dict) -> str:
+    """Two log-log panels: wall time and peak RSS of the tree against corpus size."""
+    import math
+    W, H, PW, PH, L, T, GAP = 1040, 405, 360, 300, 80, 50, 110
+    series = {}
+    for tool in results["tools"]:
+        pts = []
+        for c in results["corpora"]:
+            runs = [r for r in results["runs"] if r["corpus"] == c["path"] and r["tool"] == tool
+                    and r["vocab"] == results["vocab_size"]]
+            t, m = _med(runs, "wall_seconds"), _med(runs, "peak_tree_mb")
+            if t and m:
+                pts.append((c["mb"], t, m))
+        if pts:
+            series[tool] = pts
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+             f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" '
+             f'fill="white"/><text x="{W / 2}" y="22" text-anchor="middle" font-size="15">'
+             f'BPE training, vocab {results["vocab_size"]:,}: time and peak memory vs corpus '
+             f'size</text>']
+    xs = [p[0] for s in series.values() for p in s] or [1, 10]
+    panels = [(1, "wall time (s)"), (2, "peak RSS, process tree (MB)")]
+    for panel, (idx, label) in enumerate(panels):
+        ys = [p[idx] for s in series.values() for p in s] or [1, 10]
+        x0, y0 = L + panel * (PW + GAP), T
+        xlo, xhi, ylo, yhi = min(xs) / 1.5, max(xs) * 1.5, min(ys) / 1.5, max(ys) * 1.5
+        fx = lambda v: x0 + PW * math.log(v / xlo) / math.log(xhi / xlo)  # noqa: E731
+        fy = lambda v: y0 + PH - PH * math.log(v / ylo) / math.log(yhi / ylo)  # noqa: E731
+        parts.append(f'<rect x="{x0}" y="{y0}" width="{PW}" height="{PH}" fill="none" '
+                     f'stroke="#333"/>')
+        for v in _ticks(xlo, xhi):
+            parts.append(f'<line x1="{fx(v):.1f}" x2="{fx(v):.1f}" y1="{y0}" y2="{y0 + PH}" '
+                         f'stroke="#ddd"/><text x="{fx(v):.1f}" y="{y0 + PH + 16}" '
+                         f'text-anchor="middle">{v:g}</text>')
+        for v in _ticks(ylo, yhi):
+            parts.append(f'<line x1="{x0}" x2="{x0 + PW}" y1="{fy(v):.1f}" y2="{fy(v):.1f}" '
+                         f'stroke="#ddd"/><text x="{x0 - 6}" y="{fy(v) + 4:.1f}" '
+                         f'text-anchor="end">{v:g}</text>')
+        parts.append(f'<text x="{x0 + PW / 2}" y="{y0 + PH + 36}" text-anchor="middle">'
+                     f'corpus size (MB of text, log)</text><text x="{x0 - 55}" '
+                     f'y="{y0 + PH / 2}" text-anchor="middle" transform="rotate(-90 '
+                     f'{x0 - 55} {y0 + PH / 2})">{label}, log</text>')
+        for tool, pts in series.items():
+            col = COLORS.get(tool, "#555")
+            line = " ".join(f"{fx(p[0]):.1f},{fy(p[idx]):.1f}" for p in pts)
+            parts.append(f'<polyline points="{line}" fill="none" stroke="{col}" '
+                         f'stroke-width="2"/>')
+            parts += [f'<circle cx="{fx(p[0]):.1f}" cy="{fy(p[idx]):.1f}" r="4" fill="{col}">'
+                      f'<title>{tool}: {p[0]:g} MB, {p[idx]:,.1f}</title></circle>' for p in pts]
+    for i, tool in enumerate(series):
+        lx, ly = L + 2 * PW + GAP + 20, T + 10 + 20 * i
+        parts.append(f'<line x1="{lx}" x2="{lx + 20}" y1="{ly}" y2="{ly}" '
+                     f'stroke="{COLORS.get(tool, "#555")}" stroke-width="3"/>'
+                     f'<text x="{lx + 26}" y="{ly + 4}">{tool}</text>')
+    return "\n".join(parts + ["</svg>"])
+
+
+def write_plot(results: dict, path: str) -> None:
+    svg = svg_plot(results)
+    if not path.endswith(".png"):
+        Path(path).write_text(svg)
+        return
+    from render_report import _chromium, find_chromium
+
+    svg_path = Path(path).with_suffix(".svg")
+    svg_path.write_text(svg)
+    binary = find_chromium()
+    if binary is None:
+        print(f"no Chromium for a PNG: wrote {svg_path} only", file=sys.stderr)
+        return
+    _chromium(binary, [f"--screenshot={path}", "--window-size=1040,405", svg_path.as_uri()])
+
+
+# ---------------------------------------------------------------- main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("corpora", nargs="*", default=DEFAULT_CORPORA)
+    ap.add_argument("--vocab-size", type=int, default=32768)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--pattern", default="cl100k")
+    ap.add_argument("--with-count-stage", action="store_true",
+                    help="also time each reference at vocab 257 (its count stage)")
+    ap.add_argument("--ours-args", default="", help="extra jobs/train.py arguments")
+    ap.add_argument("--spark-args", default="", help="extra spark-submit options")
+    ap.add_argument("--json", default=str(REPO / "out" / "bench_scale.json"))
+    ap.add_argument("--plot", default="", help="PATH.svg (or .png, needs Chromium)")
+    ap.add_argument("--workdir", default="", help="run dirs and logs (default: a temp dir)")
+    ap.add_argument("--keep-runs", action="store_true", help="keep our run directories")
+    ap.add_argument("--interval", type=float, default=0.2, help="RSS sampling period (s)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: the table (and "
+                    "--plot) of earlier results files together, e.g. a separate 4 GB run")
+    ap.add_argument("--_ref", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_out", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_info", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._info:
+        print(json.dumps(_corpus_info(args.corpora[0])))
+        return
+    if args._ref:
+        ref_main(args._ref, args.corpora[0], args.vocab_size, args.pattern, args._out)
+        return
+    if args.merge:
+        parts = [json.loads(Path(p).read_text()) for p in args.merge]
+        results = {**parts[0], "runs": [r for p in parts for r in p["runs"]],
+                   "tools": list(dict.fromkeys(t for p in parts for t in p["tools"])),
+                   "corpora": list({c["path"]: c for p in parts for c in p["corpora"]}.values())}
+        return report(results, "merged: " + ", ".join(args.merge), args.plot)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if bad := [t for t in tools if t not in TOOLS]:
+        ap.error(f"unknown tools {bad}; choose from {TOOLS}")
+    if missing := [c for c in args.corpora if not corpus_files(c)]:
+        ap.error(f"no Parquet files in {missing}")
+    import tempfile
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    results = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "vocab_size": args.vocab_size,
+        "pattern": args.pattern, "tools": tools, "repeat": args.repeat,
+        "ours_args": args.ours_args, "spark_args": args.spark_args, "workdir": str(work),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                                    / 2 ** 30, 1), "loadavg_at_start": os.getloadavg()},
+        "corpora": [corpus_info(c) for c in args.corpora], "runs": [],
+    }
+    vocabs = [args.vocab_size] + ([257] if args.with_count_stage else [])
+    for rep in range(args.repeat):
+        for c in results["corpora"]:
+            for tool in tools:
+                for v in vocabs if tool != "ours" else [args.vocab_size]:
+                    tag = f"{tool}-{Path(c['path']).name}-v{v}-r{rep}"
+                    load = os.getloadavg()[0]
+                    if tool == "ours":
+                        res = run_ours(c["path"], args, work, tag)
+                    else:
+                        res = run_ref(tool, c["path"], v, args, work, tag)
+                    res.update(corpus=c["path"], tool=tool, vocab=v, repeat=rep,
+                               loadavg_before=load)
+                    results["runs"].append(res)
+                    print(f"{tag}: exit {res['exit_code']}, {res['wall_seconds']:.1f} s, "
+                          f"peak tree {res['peak_tree_mb']:,.0f} MB "
+                          f"(ru_maxrss {res['ru_maxrss_mb']:,.0f} MB), load {load:.1f}",
+                          flush=True)
+                    Path(args.json).write_text(json.dumps(results, indent=1))
+    results["bench_process_maxrss_mb"] = round(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"\nload average now {os.getloadavg()[0]:.1f}")
+    report(results, f"results: {args.json}", args.plot)
+
+
+def report(results: dict, where: str, plot: str) -> None:
+    print(f"\nvocab {results['vocab_size']}, pattern {results['pattern']}, "
+          f"{results['machine']['cpus']} cores, repeat {results['repeat']} (medians)")
+    print(table(results))
+    print(f"\n{where}")
+    if plot:
+        write_plot(results, plot)
+        print(f"plot: {plot}")
+
+
+if __name__ == "__main__":
+    main()
