@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from pipeline import faults
 from pipeline.config import Config, ConfigError, resolve, validate
-from pipeline.progress import current_stage
+from pipeline.progress import BarAwareHandler, current_stage
 
 log = logging.getLogger("pipeline.cli")
 
@@ -37,12 +37,13 @@ _MAX_REASON = 400
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
+    """Our log on stderr (a progress bar, drawn only on a terminal, is cleared around each
+    line: pipeline/progress.py)."""
+    handler = BarAwareHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           datefmt="%H:%M:%S"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        handlers=[handler])
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 

@@ -80,6 +80,7 @@ class Config:
     shuffle_partitions: int = 0  # 0 = 2 x default parallelism
     log_level: str = "INFO"
     progress_bar: bool = True  # only when stderr is a terminal
+    heartbeat_seconds: float = 5.0  # a progress line per running stage this often
     spark_ui: str = "auto"  # web UI: auto (on for cluster masters, off in local modes) | on | off
     report_sample_rows: int = 200  # rows held out for the report's compression curve
     report_sample: str = ""  # Parquet of held-out text for report.html (default: input rows)
@@ -285,6 +286,7 @@ def validate(cfg: Config, job: str) -> Config:
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
     need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
     need(cfg.lease_timeout_seconds > 0, "config key 'lease_timeout_seconds' must be > 0")
+    need(cfg.heartbeat_seconds > 0, "config key 'heartbeat_seconds' must be > 0")
     if job == "train":
         need(cfg.vocab_size > 0 or cfg.num_merges > 0,
              "config key 'vocab_size': set --vocab-size N or --num-merges N")

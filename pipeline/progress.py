@@ -93,7 +93,7 @@ class Stage:
         self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
                                                                       unit, poll)
         self.t0 = time.time()
-        self.done: float | None = None
+        self.done: float | None = 0 if total else None
         self.fields: dict = {}
         self.last_beat = self.t0
         self.lock = threading.Lock()
@@ -130,7 +130,7 @@ class Stage:
                         parts[-1] += f" ({100 * done / total:.0f}%)"
                 if elapsed > 0 and done:
                     rec["rate"] = round(done / elapsed, 2)
-                    if self.unit and event == "beat":
+                    if self.unit and event == "beat" and done / elapsed >= 1:
                         parts.append(f"{done / elapsed:,.0f} {self.unit}/s")
                     if total and event == "beat":
                         rec["eta"] = round((total - done) / (done / elapsed), 1)
@@ -161,6 +161,7 @@ class Progress:
         global _bar
         self.job, self.every = job, every
         self.jsonl = jsonl
+        self.stages: list[Stage] = []  # running, outermost first
         self.lock = threading.Lock()
         if jsonl:
             try:
@@ -203,12 +204,13 @@ class Progress:
         st = Stage(self, name, total, unit, poll)
         st.fields.update(fields)
         previous, _current_stage = _current_stage, name
+        self.stages.append(st)
         st.beat("start")
         stop = threading.Event()
 
-        def tick() -> None:
+        def tick() -> None:  # only the innermost running stage beats
             while not stop.wait(self.every / 2):
-                if time.time() - st.last_beat >= self.every:
+                if self.stages[-1] is st and time.time() - st.last_beat >= self.every:
                     st.beat()
 
         ticker = threading.Thread(target=tick, name=f"spark-bpe-progress-{name}", daemon=True)
@@ -228,6 +230,7 @@ class Progress:
             _current_stage = previous
         finally:
             stop.set()
+            self.stages.remove(st)
             if self.bar is not None:
                 self.bar.close()
 

@@ -481,7 +481,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     with contextlib.ExitStack() as stack:
         leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
                   for d in _leased_dirs(cfg)]
-        progress = progress or Progress("train", _progress_file(cfg), bar=cfg.progress_bar)
+        progress = progress or Progress("train", _progress_file(cfg), cfg.heartbeat_seconds,
+                                        bar=cfg.progress_bar)
         with progress.stage("prepare"):
             prep = prepare(spark, cfg, progress, session_seconds)
         if prep.done is not None:

@@ -392,3 +392,30 @@ def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_p
     assert killed_at < vocab - 257 - 20, "the run was nearly over when the executor died"
     assert re.search(r"Lost executor \d+ on 127\.0\.0\.1", p.log())
     assert merges_txt(run) == merges_txt(ref)
+
+
+@pytest.mark.spark
+def test_heartbeats_reach_the_log_and_progress_jsonl_under_spark_submit(corpus, tmp_path,
+                                                                        procs):
+    """A scheduler's log is not a terminal: every long stage says how far it is, at least
+    every heartbeat_seconds, in the log and in RUN_DIR/progress.jsonl; no bar is drawn."""
+    run = tmp_path / "run"
+    p = submit(["--input", str(corpus), "--output", str(run), "--vocab-size", "400",
+                "--heartbeat-seconds", "0.5", "--progress-bar"], tmp_path, "beats",
+               env=job_env(SPARK_BPE_INJECT="merges=pause:3"))
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    log = p.out()
+    beats = re.findall(r"INFO pipeline\.progress: merges: 0/143 merges \(0%\), engine local, "
+                       r"[\d.]+ s elapsed", log)
+    assert len(beats) >= 4, log[-3000:]  # the 3 s pause, one line every 0.5 s
+    for stage in ("count", "prepare", "merges", "outputs", "report"):
+        assert f"pipeline.progress: {stage}: started" in log
+        assert re.search(rf"pipeline\.progress: {stage}: done in [\d.]+ s", log), stage
+    assert "\r" not in log and "[####" not in log  # no bar: stdout is not a terminal
+    events = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    merges = [e for e in events if e["stage"] == "merges"]
+    assert merges[0]["event"] == "start" and merges[-1]["event"] == "end"
+    assert merges[-1]["done"] == merges[-1]["total"] == 143
+    assert sum(e["event"] == "beat" for e in merges) >= 4
+    assert {e["stage"] for e in events} >= {"prepare", "count", "merges", "outputs", "report"}

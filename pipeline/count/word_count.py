@@ -620,7 +620,8 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     """Run the word-count stage and write the word table to ``cfg.output`` atomically, with
     heartbeats (tasks done out of all, from Spark's status tracker) while it runs."""
     t0 = time.time()
-    progress = progress or Progress("count_words", bar=cfg.progress_bar)
+    progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
+                                    bar=cfg.progress_bar)
     sc = spark.sparkContext
     with job_group(sc, "count") as group, progress.stage(
             "count", unit="tasks", poll=task_progress(sc, group)) as stage:

@@ -1,0 +1,58 @@
+"""Heartbeats (no JVM): throttled lines, progress.jsonl, and a bar that never mixes with the
+log (the real-process test is in test_faults)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+
+import pytest
+
+from pipeline import progress as progress_mod
+from pipeline.progress import BarAwareHandler, Progress, TerminalBar, current_stage
+
+
+def test_a_stage_beats_at_most_every_interval_and_ends_with_a_summary(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.progress")
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=0.2, bar=False)
+    with prog.stage("merges", total=100, unit="merges") as st:
+        for i in range(1, 101):
+            st.update(i, last="a+b")
+            time.sleep(0.005)  # 0.5 s in all: about 2 beats, not 100
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    beats = [e for e in events if e["event"] == "beat"]
+    assert 1 <= len(beats) <= 5
+    assert events[0]["event"] == "start" and events[-1]["event"] == "end"
+    assert events[-1]["done"] == events[-1]["total"] == 100
+    assert all(0 <= b["done"] <= 100 and b["eta"] >= 0 for b in beats)
+    assert "merges: done in" in caplog.text and "100/100 merges" in caplog.text
+
+
+def test_a_busy_stage_still_beats_and_a_failure_is_recorded(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.progress")
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=0.1, bar=False)
+    with pytest.raises(RuntimeError), prog.stage("report"):
+        time.sleep(0.45)  # one long call: the ticker speaks for it
+        raise RuntimeError("boom")
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert sum(e["event"] == "beat" for e in events) >= 2
+    assert events[-1]["event"] == "error" and events[-1]["error"] == "RuntimeError"
+    assert current_stage() == "report"  # an error message names the stage that failed
+    assert "report: failed after" in caplog.text
+
+
+def test_the_bar_is_cleared_before_each_log_line_and_redrawn_after(monkeypatch):
+    term = io.StringIO()
+    bar = TerminalBar(term)
+    monkeypatch.setattr(progress_mod, "_bar", bar)
+    handler = BarAwareHandler(io.StringIO())
+    out = handler.stream
+    bar.show("[###...] merges 10%")
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "a log line", None, None)
+    handler.emit(record)
+    assert out.getvalue() == "a log line\n"
+    assert term.getvalue() == "\r\x1b[K[###...] merges 10%" + "\r\x1b[K" + "[###...] merges 10%"
