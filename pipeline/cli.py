@@ -16,7 +16,9 @@ Checkpoints make a failed or cancelled training run resumable: run the same comm
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import json
 import logging
 import os
 import resource
@@ -155,6 +157,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
     try:
         cfg = validate(resolve(argv, description), job)
         setup_logging(cfg.log_level)
+        log.info("%s config: %s", job, json.dumps(dataclasses.asdict(cfg), sort_keys=True))
         return int(body(cfg) or 0)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

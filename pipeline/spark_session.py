@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
@@ -89,58 +90,76 @@ def start_session(spark: SparkSession) -> None:
         spark.start()
 
 
+# spark-submit names an application after its script unless --name is given
+_DEFAULT_APP_NAMES = {"train.py", "count_words.py", "encode.py", "pyspark-shell"}
+
+
 def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None,
                   deferred: bool = False) -> SparkSession:
     """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
 
+    Spark's settings are the user's: an option is set here only where spark-submit (``--conf``,
+    ``--name``, ``spark-defaults.conf``) left it unset, and the log level is never touched
+    (the quick start ships ``conf/spark/log4j2.properties``; ``--conf spark.log.level=...`` or
+    the user's own log4j config decide). What is set where unset: the application name, the
+    web UI (``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local modes,
+    where it costs about 1.5 s per job), Arrow for PySpark, the driver's address from
+    ``SPARK_LOCAL_IP`` (tests, CI, the quick start bind to loopback) and the SQL shuffle
+    partitions (``cfg.shuffle_partitions``, explicit, always wins).
+
     ``deferred``: start the SparkContext now and return a :class:`DeferredSession`, which
     creates the session when first used (or in the background after :func:`start_session`).
-
-    The web UI follows ``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local
-    modes, where starting it costs about 1.5 s per job. Under spark-submit without the job's own
-    ``--master``, an explicit ``--conf spark.ui.enabled=...`` wins.
-
-    With ``SPARK_LOCAL_IP=127.0.0.1`` (tests, CI, the quick start) the driver binds to loopback.
     """
     # local modes: Python workers use this interpreter (the one with our dependencies)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    options = {"spark.app.name": app_name}
     submitted = {} if cfg.master else _submit_conf()  # (asking starts the JVM: only if needed)
+    options: dict[str, str] = {}
+
+    def default(key: str, value: str) -> None:
+        if key not in submitted:
+            options[key] = value
+
     master = cfg.master or submitted.get("spark.master", "local[*]")
-    if cfg.master or "spark.master" not in submitted:
+    if cfg.master:
         options["spark.master"] = master
-    if "spark.ui.enabled" not in submitted:  # an explicit --conf wins
-        options["spark.ui.enabled"] = str(web_ui_enabled(cfg.spark_ui, master)).lower()
+    default("spark.master", master)
+    if submitted.get("spark.app.name", "") in _DEFAULT_APP_NAMES:
+        submitted.pop("spark.app.name")
+    default("spark.app.name", app_name)
+    default("spark.ui.enabled", str(web_ui_enabled(cfg.spark_ui, master)).lower())
+    default("spark.sql.execution.arrow.pyspark.enabled", "true")
     local_ip = os.environ.get("SPARK_LOCAL_IP")
     if local_ip:
-        options["spark.driver.host"] = options["spark.driver.bindAddress"] = local_ip
-    options.update({
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.adaptive.enabled": "true",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.python.worker.reuse": "true",
-        **(extra_conf or {}),
-    })
+        default("spark.driver.host", local_ip)
+        default("spark.driver.bindAddress", local_ip)
+    options.update(extra_conf or {})
     builder = SparkSession.builder
     for k, v in options.items():
         builder = builder.config(k, v)
+    user_shuffle = "spark.sql.shuffle.partitions" in submitted
 
     def after(session: SparkSession) -> None:
-        shuffle = cfg.shuffle_partitions or max(2, 2 * session.sparkContext.defaultParallelism)
-        session.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+        if cfg.shuffle_partitions or not user_shuffle:
+            shuffle = cfg.shuffle_partitions or max(2, 2 * session.sparkContext.defaultParallelism)
+            session.conf.set("spark.sql.shuffle.partitions", str(shuffle))
 
     if deferred:
         from pyspark import SparkConf
 
         sc = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
-        sc.setLogLevel("WARN")
-        _settings.update(sc.getConf().getAll())
+        _started(sc)
         return DeferredSession(builder, sc, after)  # type: ignore[return-value]
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    _settings.update(spark.sparkContext.getConf().getAll())
+    _started(spark.sparkContext)
     after(spark)
     return spark
+
+
+def _started(sc: SparkContext) -> None:
+    _settings.update(sc.getConf().getAll())
+    logging.getLogger("pipeline.spark_session").info(
+        "Spark application '%s' (%s), master %s, %d cores", sc.appName, sc.applicationId,
+        sc.master, sc.defaultParallelism)
 
 
 def web_ui_enabled(mode: str, master: str) -> bool:

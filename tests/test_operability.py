@@ -1,0 +1,33 @@
+"""What a data team sees when it runs the jobs: a quiet start, Spark's settings kept."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import REPO
+from .sparkjobs import job_env, process_groups, submit
+
+procs = pytest.fixture(name="procs")(process_groups)
+
+
+@pytest.mark.spark
+def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs):
+    """As scripts/quickstart.sh runs it (SPARK_CONF_DIR=conf/spark): no JVM INFO lines before
+    the job's first line; --name and --conf settings are the application's, not ours."""
+    run = tmp_path / "run"
+    p = submit(["--output", str(run), "--vocab-size", "300"], tmp_path, "quick",
+               submit_args=["--name", "nightly-tokenizer",
+                            "--conf", "spark.sql.shuffle.partitions=7"],
+               env=job_env(SPARK_CONF_DIR=str(REPO / "conf" / "spark")))
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    lines = p.log().splitlines()
+    first = next(i for i, ln in enumerate(lines) if " pipeline." in ln)
+    assert not [ln for ln in lines[:first] if " INFO " in ln], lines[:first]
+    assert not [ln for ln in lines if re.match(r"\d\d/\d\d/\d\d .* INFO ", ln)]
+    assert re.search(r"INFO pipeline\.spark_session: Spark application 'nightly-tokenizer' "
+                     r"\(local-\d+\), master local\[2\]", p.log())
+    assert '"shuffle_partitions": 0' in p.log()  # the resolved config is logged, one line
+    assert p.last_line() == f"trained 43 merges: tokenizer written to {run}"
