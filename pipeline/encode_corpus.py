@@ -5,7 +5,7 @@ the text, or the input ``file`` and ``row`` when the text is the only column) an
 ids as ``array<int>`` (``ids_column``; null for a null text). Beside the Parquet files,
 ``_encode.json`` (ignored by Parquet readers) holds the tokenizer it was made with and the
 statistics: rows, bytes, tokens, bytes per token, tokens per word (words: whitespace-separated,
-Python's ``str.split``), seconds.
+Python's ``str.split``), seconds, and rows the tiktoken engine left to the reference encoder.
 
 How: the tokenizer (merge list, and tiktoken's ranks when that engine is used) is broadcast
 once; rows reach Python in Arrow batches (``mapInArrow``); each Python worker builds its
@@ -13,7 +13,12 @@ encoder once and keeps it across tasks. The hot loop is tiktoken built from the 
 export (``encode_engine = tiktoken``, the default when it is installed), which the parity tests
 hold to the reference :class:`pipeline.encoder.Tokenizer` (``encode_engine = reference``, also
 used for rows of a binary text column that are not valid UTF-8, which tiktoken cannot take
-byte-exact; and on an executor where tiktoken is not installed, which the stats report).
+byte-exact; on an executor where tiktoken is not installed, which the stats report; and for a
+row tiktoken cannot take or takes slowly: a whitespace run of ~1 M characters makes it panic,
+and a long run of one character is 3x faster in the reference encoder, so such runs are looked
+for first, and a row it raises or panics on is caught; ``rows_via_reference`` counts them,
+``tiktoken_errors`` the caught ones). Every path costs O(n log n) in a row's length, however
+long its words (a row of 20 M letters is one word).
 Statistics come back in a per-partition accumulator (a retried task replaces its own entry, so
 they are exact). The output (zstd Parquet) is written to a temporary directory and renamed; an
 existing directory is only replaced if it is an earlier encode output (has ``_encode.json``).
@@ -65,7 +70,24 @@ OUTPUT_COMPRESSION = "zstd"
 REPARTITION_MIN_BYTES = 2 << 20  # below this (on disk) a shuffle costs more than it saves
 _ROW_ERROR = "spark-bpe encode error: "  # marks our own executor errors inside Spark's message
 STAT_KEYS = ("rows", "null_rows", "invalid_utf8_rows", "bytes", "words", "tokens",
-             "special_tokens", "python_seconds", "reference_fallback")
+             "special_tokens", "python_seconds", "reference_fallback", "rows_via_reference",
+             "tiktoken_errors")
+# Rows the tiktoken engine hands to the reference encoder (same ids, counted in the stats):
+# - a run this long (or, at some places, half as long) of whitespace: tiktoken's regex
+#   (fancy-regex) runs out of backtracking stack on a run of about 1 M whitespace characters
+#   ("\s+(?!\S)") and tiktoken panics (measured with tiktoken 0.14 and the gpt2, cl100k and
+#   o200k patterns); or of one character repeated (20 M "a": tiktoken 5-15 s, the reference
+#   encoder 3-5 s, on 1k-4k vocabularies). Found by probing (see _long_run), so ordinary rows
+#   pay nothing. Any other failure is caught per row.
+TIKTOKEN_MAX_RUN = 1 << 16
+_RUN_BLOCK = TIKTOKEN_MAX_RUN // 2
+_SPACE_BLOCK_AT = re.compile(rf"\s{{{_RUN_BLOCK}}}")  # re's \s covers Unicode spaces
+# - with tiktoken before 0.13, whose BPE rescans a piece for every merge (quadratic in its
+#   length; 0.13 added a heap for long pieces), a row with a piece longer than this (in
+#   characters, found with the run's own split) goes to the reference encoder.
+TIKTOKEN_MAX_PIECE = 1 << 12
+TIKTOKEN_LINEAR_SINCE = (0, 13)
+MAX_LOGGED_ERRORS = 20  # tiktoken errors logged with their row per Python worker
 
 
 # -- configuration (checked before Spark starts) -------------------------------------------------
@@ -167,14 +189,54 @@ def _tiktoken_unavailable(meta: dict) -> str:
     return ""
 
 
+def _long_run(text: str) -> str:
+    """What long run ``text`` has: a run of ``TIKTOKEN_MAX_RUN`` whitespace characters, or of
+    one character repeated, is always found (one of half that may be); "" if none. Such a run
+    covers a whole block [k*B, (k+1)*B) for the half length B, so it is enough to probe the
+    first character of each block and look closer only where it could start one: O(len / B)
+    work for ordinary text."""
+    block = _RUN_BLOCK
+    for k in range(0, len(text) - block + 1, block):
+        c = text[k]
+        if c.isspace():
+            if _SPACE_BLOCK_AT.match(text, k):
+                return f"a whitespace run of {block}+ characters"
+        elif text[k + block - 1] == c and text.count(c, k, k + block) == block:
+            return f"a run of {block}+ times {c!r}"
+    return ""
+
+
+def _tiktoken_version(module) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in module.__version__.split(".")[:2])
+    except (AttributeError, ValueError):
+        return (0, 0)  # unknown: assume the worst (the quadratic BPE)
+
+
+def _tiktoken_failure(exc: BaseException) -> bool:
+    """tiktoken failed on the text (not the job being stopped): an Exception, or a Rust
+    panic, whose ``pyo3_runtime.PanicException`` derives from BaseException only."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
 class BatchEncoder:
-    """Executor side: encodes texts with the plan's engine and the special-token policy."""
+    """Executor side: encodes texts with the plan's engine and the special-token policy.
+
+    With the tiktoken engine, a row tiktoken cannot take (see ``TIKTOKEN_MAX_RUN``,
+    ``TIKTOKEN_MAX_PIECE``; or tiktoken raises or panics on it) is encoded by the reference
+    encoder instead, which gives the same ids in O(n log n) for any row. For the last row
+    :meth:`encode` saw, ``via_reference`` says why ("" when tiktoken took it all) and
+    ``tiktoken_error`` what tiktoken raised, if it did."""
 
     def __init__(self, plan: EncodePlan):
         self.plan = plan
         self.ref = Tokenizer.from_meta(plan.meta)
         self.tk = None
         self.fell_back = False  # tiktoken chosen on the driver but missing on this executor
+        self.via_reference = ""
+        self.tiktoken_error = ""
+        self.logged_errors = 0  # this worker's tiktoken errors logged so far
+        self.piece_split: Pretokenizer | None = None  # set: check piece lengths (old tiktoken)
         if plan.engine == "tiktoken":
             try:
                 import tiktoken
@@ -182,6 +244,8 @@ class BatchEncoder:
                 self.fell_back = True  # same ids (the parity tests), only slower
             else:
                 self.tk = tiktoken.Encoding(**plan.tiktoken_args)
+                if _tiktoken_version(tiktoken) < TIKTOKEN_LINEAR_SINCE:
+                    self.piece_split = Pretokenizer(PretokenizerSpec(plan.meta["pattern"]))
         meta = plan.meta
         self.prepare = None
         if meta["lowercase"] or meta["normalization"] != "none":
@@ -191,13 +255,36 @@ class BatchEncoder:
         self.special_re = (re.compile("|".join(re.escape(s) for s in sorted(
             self.specials, key=len, reverse=True))) if self.specials else None)
 
+    def tiktoken_refuses(self, prepared: str) -> str:
+        """Why tiktoken should not be given this (normalized) text; "" if it can take it."""
+        run = _long_run(prepared) if len(prepared) >= _RUN_BLOCK else ""
+        if run:
+            return run
+        if (self.piece_split is not None and len(prepared) > TIKTOKEN_MAX_PIECE
+                and max(map(len, self.piece_split.split_chunks((prepared,))), default=0)
+                > TIKTOKEN_MAX_PIECE):
+            return f"a piece of {TIKTOKEN_MAX_PIECE}+ characters (tiktoken < 0.13)"
+        return ""
+
     def ordinary(self, text: str, valid_utf8: bool = True) -> list[int]:
         if self.tk is None or not valid_utf8:
             return self.ref.encode_ordinary(text)
-        return self.tk.encode_ordinary(self.prepare(text) if self.prepare else text)
+        prepared = self.prepare(text) if self.prepare else text
+        why = self.tiktoken_refuses(prepared)
+        if not why:
+            try:
+                return self.tk.encode_ordinary(prepared)
+            except BaseException as exc:
+                if not _tiktoken_failure(exc):
+                    raise
+                why = "tiktoken raised"
+                self.tiktoken_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        self.via_reference = self.via_reference or why
+        return self.ref.encode_ordinary(text)
 
     def encode(self, text: str, valid_utf8: bool = True) -> tuple[list[int], int]:
         """(ids, number of special tokens encoded as special ids)."""
+        self.via_reference = self.tiktoken_error = ""
         mode = self.plan.special_in_text
         if mode == "text" or self.special_re is None:
             return self.ordinary(text, valid_utf8), 0
@@ -239,7 +326,7 @@ def encode_batch(enc: BatchEncoder, batch: pa.RecordBatch, stats: dict[str, floa
     binary = pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
     t0 = time.perf_counter()
     ids_lists: list[list[int]] = []
-    words = specials = invalid = 0
+    words = specials = invalid = via_ref = errors = 0
     for i, value in enumerate(texts):
         if value is None:
             ids_lists.append([])
@@ -251,13 +338,15 @@ def encode_batch(enc: BatchEncoder, batch: pa.RecordBatch, stats: dict[str, floa
         try:
             ids, n_special = enc.encode(value, valid)
         except EncodeError as exc:
-            keys = {batch.schema.field(j).name: batch.column(j)[i].as_py()
-                    for j in range(1, batch.num_columns)}
-            raise EncodeError(f"{_ROW_ERROR}row {json.dumps(keys, default=str)}: {exc}"
-                              ) from None
+            raise EncodeError(f"{_ROW_ERROR}row {_row_keys(batch, i)}: {exc}") from None
         ids_lists.append(ids)
         words += len(value.split())
         specials += n_special
+        if enc.via_reference:
+            via_ref += 1
+            if enc.tiktoken_error:
+                errors += 1
+                _log_tiktoken_error(enc, batch, i)
     lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
     total = int(lengths.sum())
     offsets = np.zeros(len(ids_lists) + 1, dtype=np.int32)
@@ -272,8 +361,24 @@ def encode_batch(enc: BatchEncoder, batch: pa.RecordBatch, stats: dict[str, floa
     stats["words"] += words
     stats["tokens"] += total
     stats["special_tokens"] += specials
+    stats["rows_via_reference"] += via_ref
+    stats["tiktoken_errors"] += errors
     mask = col.is_null() if nulls else None
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=ids_type, mask=mask)
+
+
+def _row_keys(batch: pa.RecordBatch, i: int) -> str:
+    return json.dumps({batch.schema.field(j).name: batch.column(j)[i].as_py()
+                       for j in range(1, batch.num_columns)}, default=str)
+
+
+def _log_tiktoken_error(enc: BatchEncoder, batch: pa.RecordBatch, i: int) -> None:
+    """An unexpected tiktoken failure is worth a line in the executor log (the first few per
+    worker): the row was still encoded, by the reference encoder."""
+    if enc.logged_errors < MAX_LOGGED_ERRORS:
+        enc.logged_errors += 1
+        log.warning("row %s: tiktoken raised %s; encoded with the reference encoder (same ids)",
+                    _row_keys(batch, i), enc.tiktoken_error)
 
 
 class _PartitionStats(AccumulatorParam):
@@ -330,6 +435,8 @@ def summarize(parts: dict[int, dict], seconds: float) -> dict:
         "tokens_per_second": round(tokens / seconds) if seconds > 0 else None,
         "python_encode_seconds": round(tot["python_seconds"], 3),
         "partitions_without_tiktoken": tot["reference_fallback"],
+        "rows_via_reference": tot["rows_via_reference"],
+        "tiktoken_errors": tot["tiktoken_errors"],
     }
 
 
@@ -401,6 +508,10 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
         log.warning("%d partitions ran on executors without tiktoken and used the reference "
                     "encoder (same ids, slower): install tiktoken on the executors",
                     stats["partitions_without_tiktoken"])
+    if stats["rows_via_reference"]:
+        log.info("%d rows went to the reference encoder (same ids): tiktoken cannot take them "
+                 "(%d raised; see the executor logs)", stats["rows_via_reference"],
+                 stats["tiktoken_errors"])
     stats["seconds_total"] = round(time.time() - t0, 3)
     stats["engine"] = plan.engine
     summary = {"format": "spark-bpe encoded corpus", "version": 1, "input": cfg.input,

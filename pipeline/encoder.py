@@ -1,4 +1,4 @@
-"""Encode and decode with a trained tokenizer (the reference encoder; pure Python, no Spark).
+"""Encode and decode with a trained tokenizer (the reference encoder; Python and numpy, no Spark).
 
 Encoding: the text is cut at the special tokens that are allowed, each remaining chunk is
 normalized / lowercased as in training and split with the run's pattern (``regex.findall``:
@@ -7,7 +7,9 @@ patterns match everything), and each word is byte-level BPE encoded: repeatedly 
 adjacent pair with the lowest rank, leftmost first. For a trained merge list that is the same
 as replaying the merges in training order; it is also exactly what Hugging Face ``tokenizers``
 does with ``tokenizer.json`` and what tiktoken does with ``tokenizer.tiktoken`` (the parity
-tests in ``tests/test_exports.py`` check all three on real and generated text).
+tests in ``tests/test_exports.py`` check all three on real and generated text). A word costs
+O(n log n) in its length, so a pathological row (2 M spaces, 20 M letters: one word each) is
+encoded in seconds, not hours (:func:`bpe_encode`; ``tests/test_long_words.py``).
 
 Token identity is by bytes: if a byte string were made by two merges, the first id is used
 (see :mod:`pipeline.outputs`), so our ids are the ids of every export.
@@ -26,8 +28,9 @@ from __future__ import annotations
 import base64
 import heapq
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
+import numpy as np
 import regex
 
 from pipeline import fsutil
@@ -36,38 +39,68 @@ from pipeline.outputs import canonical_ids
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, word_bytes
 
 CACHE_WORDS = 200_000
+CACHE_WORD_CHARS = 256  # longer words are not cached: they rarely repeat and would pin memory
 SHORT_WORD = 24  # below this many symbols the quadratic scan beats the heap
+LONG_WORD = 1 << 15  # from about this many symbols on, merge_groups (numpy) beats the heap
+
+PairRanks = dict[tuple[int, int], tuple[int, int]]
 
 
 class EncodeError(ValueError):
     pass
 
 
-def bpe_encode(symbols: list[int], pair_ranks: dict[tuple[int, int], tuple[int, int]]
-               ) -> list[int]:
+def bpe_encode(symbols: Sequence[int], pair_ranks: PairRanks,
+               table: PairTable | None = None) -> list[int]:
     """Byte-pair encode one word's initial symbols. ``pair_ranks[(a, b)] = (rank, new id)``.
 
     Repeatedly merges the adjacent pair of lowest rank (the leftmost on a tie, so ``a a a``
-    with ``(a, a)`` gives ``aa a``). Short words use a scan per merge; long ones (pattern
-    ``none`` makes a whole row one word) a heap of candidate pairs over linked positions, which
-    applies merges in the same order."""
+    with ``(a, a)`` gives ``aa a``). The three paths apply exactly these merges in this order
+    and differ only in cost, so that no word, however long, costs more than O(n log n): short
+    words use a scan per merge (:func:`merge_scan`, quadratic but the fastest below
+    ``SHORT_WORD``), longer ones a heap (:func:`merge_heap`), and from ``LONG_WORD`` symbols on
+    (a pathological row such as 20 MB of ``a``, or any row with pattern ``none``)
+    :func:`merge_groups`, which does the per-symbol work in numpy, when the merge table allows
+    it (``table``: the numpy form of ``pair_ranks``, built here when not given)."""
     n = len(symbols)
     if n < 2:
         return list(symbols)
     if n < SHORT_WORD:
-        toks = list(symbols)
-        get = pair_ranks.get
-        while len(toks) > 1:
-            best = None
-            best_i = -1
-            for i in range(len(toks) - 1):
-                r = get((toks[i], toks[i + 1]))
-                if r is not None and (best is None or r[0] < best[0]):
-                    best, best_i = r, i
-            if best is None:
-                return toks
-            toks[best_i:best_i + 2] = [best[1]]
-        return toks
+        return merge_scan(symbols, pair_ranks)
+    if n >= LONG_WORD:
+        if table is None:
+            table = PairTable(pair_ranks)
+        if table.grouped_ok:
+            return merge_groups(symbols, table).tolist()
+    return merge_heap(symbols, pair_ranks)
+
+
+def merge_scan(symbols: Sequence[int], pair_ranks: PairRanks) -> list[int]:
+    """:func:`bpe_encode` as defined: scan all pairs for the lowest rank, merge it, repeat."""
+    toks = list(symbols)
+    get = pair_ranks.get
+    while len(toks) > 1:
+        best = None
+        best_i = -1
+        for i in range(len(toks) - 1):
+            r = get((toks[i], toks[i + 1]))
+            if r is not None and (best is None or r[0] < best[0]):
+                best, best_i = r, i
+        if best is None:
+            return toks
+        toks[best_i:best_i + 2] = [best[1]]
+    return toks
+
+
+def merge_heap(symbols: Sequence[int], pair_ranks: PairRanks,
+               applied: list[int] | None = None) -> list[int]:
+    """:func:`bpe_encode` in O(n log n) for any table: a heap of candidate pairs keyed
+    (rank, position) over linked positions pops the lowest rank, leftmost first, as the scan
+    picks it (positions keep their text order). A popped entry whose pair no longer stands at
+    its position is stale and skipped; if it matches again, that pair does stand there now
+    under the same key, so applying it is what the scan would do. ``applied``, if given,
+    receives the rank of every merge made, in order (the report counts them)."""
+    n = len(symbols)
     toks = list(symbols)
     nxt = list(range(1, n + 1))
     prv = list(range(-1, n - 1))
@@ -79,10 +112,12 @@ def bpe_encode(symbols: list[int], pair_ranks: dict[tuple[int, int], tuple[int, 
     heapq.heapify(heap)
     alive = [True] * n
     while heap:
-        _, i, a, b, new = heapq.heappop(heap)
+        rank, i, a, b, new = heapq.heappop(heap)
         j = nxt[i]
         if not alive[i] or j >= n or toks[i] != a or toks[j] != b:
             continue  # stale: one side was merged away since this pair was pushed
+        if applied is not None:
+            applied.append(rank)
         toks[i] = new
         alive[j] = False
         k = nxt[j]
@@ -105,6 +140,156 @@ def bpe_encode(symbols: list[int], pair_ranks: dict[tuple[int, int], tuple[int, 
     return out
 
 
+class PairTable:
+    """``pair_ranks`` as sorted numpy arrays, for :func:`merge_groups`; built on first use, so
+    a tokenizer that never meets a long word never pays for it.
+
+    ``grouped_ok`` says whether merging every occurrence of the lowest-rank pair at once is
+    the same as merging them one by one: true when ranks are distinct and every pair that
+    contains a merge's result ranks after that merge (so a merge never creates a pair that
+    should have gone first). A trained merge list always has this (a token exists before any
+    merge that uses it); a ``bytes`` run whose byte strings repeat (duplicate tokens, mapped to
+    their first id) may not, and then words of any length take :func:`merge_heap`."""
+
+    DENSE = 256  # pairs of ids below this (every byte pair) are looked up in a dense table
+
+    def __init__(self, pair_ranks: PairRanks):
+        self._pair_ranks = pair_ranks
+        self._built = False
+
+    def _build(self) -> None:
+        items = [(a, b, r, c) for (a, b), (r, c) in self._pair_ranks.items()]
+        arr = np.array(items, dtype=np.int64).reshape(-1, 4)
+        a, b, r, c = arr.T
+        keys = (a << 31) | b  # ids are below 2**31
+        order = np.argsort(keys)
+        self._keys = keys[order]
+        self._key_rank = r[order].astype(np.int32)
+        top = int(r.max()) + 1 if len(r) else 0
+        self._left = np.full(top, -1, np.int64)
+        self._right = np.full(top, -1, np.int64)
+        self._new = np.full(top, -1, np.int64)
+        self._left[r], self._right[r], self._new[r] = a, b, c
+        d = self.DENSE
+        self._dense = np.full(d * d, -1, np.int32)
+        small = (a < d) & (b < d)
+        self._dense[a[small] * d + b[small]] = r[small]
+        ok = len(np.unique(r)) == len(r)
+        if ok and len(r):
+            made = np.full(int(max(a.max(), b.max(), c.max())) + 1, -1, np.int64)
+            np.maximum.at(made, c, r)  # the latest rank that makes each token
+            ok = bool(np.all(r > made[a]) and np.all(r > made[b]))
+        self._grouped_ok = ok
+        self._built = True
+
+    @property
+    def grouped_ok(self) -> bool:
+        if not self._built:
+            self._build()
+        return self._grouped_ok
+
+    def merge(self, rank: int) -> tuple[int, int, int]:
+        """(left, right, new) of the pair with this rank."""
+        return int(self._left[rank]), int(self._right[rank]), int(self._new[rank])
+
+    def ranks(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """Rank of each pair (left[i], right[i]) (ids >= 0), -1 where it is not a merge."""
+        if not self._built:
+            self._build()
+        d = self.DENSE
+        if not len(left) or (int(left.max()) < d and int(right.max()) < d):
+            return self._dense[left * d + right]
+        if not len(self._keys):
+            return np.full(len(left), -1, np.int32)
+        q = (left.astype(np.int64) << 31) | right
+        idx = np.searchsorted(self._keys, q)
+        np.minimum(idx, len(self._keys) - 1, out=idx)
+        return np.where(self._keys[idx] == q, self._key_rank[idx], np.int32(-1))
+
+
+def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray:
+    """:func:`bpe_encode` for very long words (needs ``table.grouped_ok``), O(n log n) with the
+    per-symbol work in numpy: all pairs of one rank are merged in one vectorized step.
+
+    Why that is exact: the scan takes the lowest rank r present, leftmost first; merging it
+    only creates pairs that rank after r (``grouped_ok``), so the scan's next picks are the
+    remaining occurrences of the same pair, left to right, until none is left. Two occurrences
+    overlap only for a pair ``(a, a)`` inside a run, and there the scan takes the first, third,
+    ... of each chain of overlapping ones: so does the chain parity below. Positions are linked
+    (``nxt``/``prv``, a merged-away position holds -1); candidates wait in per-rank buckets
+    taken in rank order, and a candidate is applied only if its pair still stands."""
+    n = len(symbols)
+    tok = np.empty(n + 1, np.int32)  # tok[n] = -1: the end, which matches no pair
+    tok[:n] = np.frombuffer(symbols, np.uint8) if isinstance(symbols, bytes) else symbols
+    tok[n] = -1
+    nxt = np.arange(1, n + 2, dtype=np.int32)
+    prv = np.arange(-1, n, dtype=np.int32)
+    buckets: dict[int, list[np.ndarray]] = {}
+    order: list[int] = []  # heap of the ranks that have a bucket
+
+    def add(pos: np.ndarray, r: np.ndarray | None = None) -> None:
+        """Queue the pairs that start at ``pos`` (increasing, live, not the last symbol);
+        ``r``: their ranks, if known."""
+        if r is None:
+            r = table.ranks(tok[pos], tok[nxt[pos]])
+        hit = r >= 0
+        if not hit.all():
+            pos, r = pos[hit], r[hit]
+        if not len(pos):
+            return
+        if r.min() == r.max():
+            groups: Iterable[tuple[int, np.ndarray]] = [(int(r[0]), pos)]
+        else:
+            by_rank = np.argsort(r, kind="stable")  # keeps each rank's positions increasing
+            pos, r = pos[by_rank], r[by_rank]
+            cuts = np.flatnonzero(r[1:] != r[:-1]) + 1
+            groups = zip(r[np.concatenate(([0], cuts))].tolist(), np.split(pos, cuts))
+        for rank, p in groups:
+            bucket = buckets.get(rank)
+            if bucket is None:
+                buckets[rank] = [p]
+                heapq.heappush(order, rank)
+            else:
+                bucket.append(p)
+
+    if n >= 2:
+        add(np.arange(n - 1, dtype=np.int32), table.ranks(tok[:n - 1], tok[1:n]))
+    while order:
+        rank = heapq.heappop(order)
+        parts = buckets.pop(rank)
+        p = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+        a, b, new = table.merge(rank)
+        q = nxt[p]
+        stands = (tok[p] == a) & (tok[q] == b)
+        if not stands.all():
+            p, q = p[stands], q[stands]
+        if not len(p):
+            continue
+        if a == b and len(p) > 1:
+            chained = q[:-1] == p[1:]  # this occurrence's right symbol starts the next one
+            if chained.any():
+                idx = np.arange(len(p), dtype=np.int32)
+                start = np.where(np.concatenate(([True], ~chained)), idx, 0)
+                np.maximum.accumulate(start, out=start)  # index where each chain starts
+                take = ((idx - start) & 1) == 0
+                p, q = p[take], q[take]
+        k = nxt[q]
+        tok[p] = new
+        tok[q] = -1
+        nxt[p] = k
+        prv[k] = p
+        # the new pairs start at p and at each p's left neighbour, which lies in [p[i-1], p[i])
+        left = prv[p]
+        cand = np.empty(2 * len(p), np.int32)
+        cand[0::2], cand[1::2] = left, p  # so this is increasing, but for repeats
+        keep = cand >= 0
+        keep[2::2] &= left[1:] != p[:-1]  # p[i-1] is already there
+        cand = cand[keep]
+        add(cand[nxt[cand] < n])
+    out = tok[:n]
+    return out[out >= 0]
+
+
 class Tokenizer:
     def __init__(self, base: BaseVocab, merges: list[Merge], special_tokens: list[str],
                  spec: PretokenizerSpec):
@@ -120,6 +305,7 @@ class Tokenizer:
         for m in merges:
             self.pair_ranks.setdefault((canon[m.left], canon[m.right]),
                                        (m.new_id, canon[m.new_id]))
+        self.pair_table = PairTable(self.pair_ranks)  # numpy form, for very long words
         n = len(self.vocab)
         self.special_tokens = list(special_tokens)
         self.special_ids = {s: n + i for i, s in enumerate(special_tokens)}
@@ -164,9 +350,9 @@ class Tokenizer:
         return cls(base, merges, meta["special_tokens"], spec)
 
     # -- encoding --------------------------------------------------------------------------------
-    def _symbols(self, word: str) -> list[int]:
+    def _symbols(self, word: str) -> Sequence[int]:
         if self.base.alphabet == "bytes":
-            return list(word_bytes(word))
+            return word_bytes(word)  # bytes: a sequence of ints that numpy takes without a copy
         try:
             syms = [self._char_ids[ch] for ch in word]
         except KeyError as exc:
@@ -177,11 +363,12 @@ class Tokenizer:
         return syms
 
     def encode_word(self, word: str) -> list[int]:
-        """One pretokenized word (no splitting, no normalization)."""
+        """One pretokenized word (no splitting, no normalization), in O(n log n) whatever its
+        length (:func:`bpe_encode`)."""
         ids = self._cache.get(word)
         if ids is None:
-            ids = bpe_encode(self._symbols(word), self.pair_ranks)
-            if len(self._cache) < CACHE_WORDS:
+            ids = bpe_encode(self._symbols(word), self.pair_ranks, self.pair_table)
+            if len(word) <= CACHE_WORD_CHARS and len(self._cache) < CACHE_WORDS:
                 self._cache[word] = ids
         return ids
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge
-from pipeline.encoder import Tokenizer
+from pipeline.encoder import Tokenizer, merge_heap
 from pipeline.outputs import TrainedTokenizer, export_notes
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row, word_bytes
 
@@ -110,10 +110,11 @@ def measure_sample(tok: TrainedTokenizer, texts: Sequence[str | bytes], label: s
 def merge_ranks_applied(flat: np.ndarray, lengths: np.ndarray, weights: np.ndarray,
                         merges: Sequence[Merge]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Encode each distinct word by always merging its lowest-ranked pair (leftmost on a tie),
-    as tiktoken does. Returns the tokens each merge removes from the weighted words (the same
-    numbers a replay of the merge list in order gives: a merge only creates pairs of higher
-    rank, so the ranks applied to a word never decrease, and the first k merges do exactly
-    the steps of rank below k), and the final tokens with the number per word."""
+    as tiktoken does, in O(n log n) per word (``encoder.merge_heap``). Returns the tokens each
+    merge removes from the weighted words (the same numbers a replay of the merge list in
+    order gives: a merge only creates pairs of higher rank, so the ranks applied to a word
+    never decrease, and the first k merges do exactly the steps of rank below k), and the
+    final tokens with the number per word."""
     rank_of = {(m.left, m.right): (k, m.new_id) for k, m in enumerate(merges)}
     removed = np.zeros(len(merges), dtype=np.int64)
     ranks: list[int] = []
@@ -123,24 +124,12 @@ def merge_ranks_applied(flat: np.ndarray, lengths: np.ndarray, weights: np.ndarr
     ends = np.cumsum(lengths).tolist()
     symbols = flat.tolist()
     start = 0
-    get = rank_of.get
     for end, c in zip(ends, weights.tolist()):
-        toks = symbols[start:end]
+        before = len(ranks)
+        toks = merge_heap(symbols[start:end], rank_of, ranks) if end - start > 1 \
+            else symbols[start:end]
         start = end
-        applied = 0
-        while len(toks) > 1:
-            best = None
-            at = 0
-            for i in range(len(toks) - 1):
-                r = get((toks[i], toks[i + 1]))
-                if r is not None and (best is None or r[0] < best[0]):
-                    best, at = r, i
-            if best is None:
-                break
-            toks[at:at + 2] = [best[1]]
-            ranks.append(best[0])
-            applied += 1
-        counts += [c] * applied
+        counts += [c] * (len(ranks) - before)
         final += toks
         per_word.append(len(toks))
     np.add.at(removed, np.asarray(ranks, dtype=np.int64), np.asarray(counts, dtype=np.int64))
