@@ -1,0 +1,144 @@
+"""Junk rows and junk settings: counted, skipped or refused, never a stall or a crash."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import Config, ConfigError, resolve, validate
+from pipeline.encoder import Tokenizer
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
+from pipeline.train import train
+
+from .conftest import SAMPLE
+from .sparkjobs import job_env, process_groups, submit
+
+procs = pytest.fixture(name="procs")(process_groups)
+
+BAD_ROWS = {
+    "spaces": " " * 2_000_000 + "x",
+    "letters": "a" * 20_000_000,
+    "digits": "7" * 5_000_000,
+    "punct": "".join(random.Random(0).choices("!?.,;:-_()[]{}", k=5_000_000)),
+}
+
+
+def normal_rows(n: int = 50) -> list[str]:
+    return pq.read_table(SAMPLE / "part-00000.parquet").column("text").to_pylist()[:n]
+
+
+def test_over_long_words_are_left_out_and_counted():
+    pre = Pretokenizer(PretokenizerSpec("cl100k"))
+    wc = WordCounter(pre, max_word_bytes=8)
+    wc.add_row(0, "short words and averyveryverylongword here, then short again")
+    wc.add_row(1, "averyveryverylongword again and " + "é" * 5)  # é is 2 bytes: 10 > 8
+    wc.add_row(2, "fine")
+    assert " averyveryverylongword" not in wc.counts and " " + "é" * 5 not in wc.counts
+    assert wc.stats.long_words == 3 and wc.stats.rows_with_long_words == 2
+    assert wc.stats.long_word_bytes == len(" averyveryverylongword") + 21 + len(" ééééé".encode())
+    kept = pre.words("short words and averyveryverylongword here, then short again")
+    # first occurrences stay aligned with the words that were kept
+    first = dict(zip(wc.counts, zip(wc.first_row, wc.first_rank)))
+    assert first[" here"] == (0, kept.index(" here"))
+    assert first[" again"] == (0, kept.index(" again")) and first["fine"] == (2, 0)
+    assert wc.stats.words == sum(wc.counts.values())
+
+
+@pytest.mark.spark
+def test_pathological_rows_count_train_and_encode_in_seconds(spark, tmp_path):
+    """2 M spaces, 20 M letters, 5 M digits, 5 M punctuation among normal rows: the count
+    leaves the over-long words out (and says so), training and encoding take seconds."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = normal_rows()
+    pq.write_table(pa.table({"text": rows[:25] + list(BAD_ROWS.values()) + rows[25:]}),
+                   corpus / "part-0.parquet")
+    t0 = time.time()
+    run = train(spark, Config(input=str(corpus), output=str(tmp_path / "run"), vocab_size=600,
+                              special_tokens=["<|endoftext|>"], progress_bar=False))
+    assert time.time() - t0 < 60
+    stats = json.loads((tmp_path / "run" / "stats.json").read_text())
+    left = stats["left_out_of_training"]
+    assert left["rows_with_long_words"] == 3  # spaces, letters, punctuation; digits split
+    assert left["long_word_bytes"] == 1_999_999 + 20_000_000 + 5_000_000
+    assert max(len(t) for t in run.merges and Tokenizer.load(str(tmp_path / "run")).vocab) \
+        <= 1024
+    assert stats["stage_seconds"]["merges"] < 10 and stats["stage_seconds"]["report"] < 10
+    tok = Tokenizer.load(str(tmp_path / "run"))
+    for name, row in BAD_ROWS.items():
+        t0 = time.time()
+        ids = tok.encode(row)
+        assert tok.decode(ids) == row and time.time() - t0 < 15, name
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["spaces", "letters", "digits", "punct", "base64"])
+def test_each_bad_row_ends_a_real_job_within_a_minute(name, tmp_path, procs):
+    import base64
+    import os
+
+    row = BAD_ROWS.get(name) or base64.b64encode(os.urandom(4_000_000)).decode()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = normal_rows()
+    pq.write_table(pa.table({"text": rows[:25] + [row] + rows[25:]}), corpus / "part-0.parquet")
+    p = submit(["--input", str(corpus), "--output", str(tmp_path / "run"),
+                "--vocab-size", "600"], tmp_path, name, env=job_env())
+    procs.append(p)
+    t0 = time.time()
+    assert p.wait(60) == 0, p.tail()
+    assert time.time() - t0 < 60
+    left = json.loads((tmp_path / "run" / "stats.json").read_text())["left_out_of_training"]
+    assert left["long_words"] == (1 if name in ("spaces", "letters", "punct") else 0)
+
+
+# random text and random bytes, end to end ----------------------------------------------------
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.text(max_size=200) | st.binary(max_size=200).map(
+    lambda b: b.decode("utf-8", "surrogateescape")), min_size=1, max_size=30),
+       st.sampled_from(["cl100k", "gpt2", "o200k"]))
+def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_factory, rows,
+                                                              pattern):
+    """Random Unicode and random bytes (a binary column: invalid UTF-8 kept byte-exact) go
+    through count -> train -> encode -> decode without an exception, byte for byte."""
+    d = tmp_path_factory.mktemp("fuzz")
+    data = [r.encode("utf-8", "surrogateescape") for r in rows]
+    pq.write_table(pa.table({"text": pa.array(data, pa.binary())}), d / "part-0.parquet")
+    cfg = Config(input=str(d), output=str(d / "run"), vocab_size=300, pattern=pattern,
+                 special_tokens=[], progress_bar=False, min_pair_count=1)
+    try:
+        train(spark, cfg)
+    except ConfigError as exc:  # nothing to train on is the one acceptable refusal
+        assert "has no words" in str(exc)
+        return
+    tok = Tokenizer.load(str(d / "run"))
+    for raw, text in zip(data, rows):
+        ids = tok.encode(text, disallowed_special=())
+        assert tok.decode_bytes(ids) == raw
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--special-tokens", "<|a|>,<|a|>"], "config key 'special_tokens' has duplicates"),
+    (["--special-tokens", "x,"], None),  # an empty item after a comma is dropped
+    (["--pattern", "(?P<x"], "config key 'pattern': pattern '(?P<x' does not compile"),
+    (["--pattern", "[a-"], "does not compile"),
+    (["--max-word-bytes", "-1"], "config key 'max_word_bytes' must be >= 0"),
+    (["--vocab-size", "nope"], "config key 'vocab_size': expected int"),
+])
+def test_bad_settings_are_one_config_error(tmp_path, args, message):
+    argv = ["--input", str(SAMPLE), "--output", str(tmp_path / "o"), *args]
+    if message is None:
+        validate(resolve(argv), "train")
+        return
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(resolve(argv), "train")
