@@ -21,6 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from pipeline.bpe import ALPHABETS
+from pipeline.fsutil import is_local, local_path
 from pipeline.pretokenize import (
     NORMALIZATIONS,
     PATTERNS,
@@ -228,14 +229,6 @@ def resolve(argv: list[str] | None = None, description: str = "") -> Config:
     return cfg
 
 
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
 def validate(cfg: Config, job: str) -> Config:
     """Check everything that can be checked without Spark. ``job``: count | train | encode."""
     def need(cond: bool, msg: str) -> None:
@@ -248,11 +241,11 @@ def validate(cfg: Config, job: str) -> Config:
     if job == "train":
         need(bool(cfg.input) != bool(cfg.words),
              "give exactly one of --input PATH (a Parquet corpus) or --words DIR (a word table)")
-    if cfg.input and _is_local(cfg.input) and not any(c in cfg.input for c in "*?["):
-        need(os.path.exists(_local(cfg.input)),
+    if cfg.input and is_local(cfg.input) and not any(c in cfg.input for c in "*?["):
+        need(os.path.exists(local_path(cfg.input)),
              f"config key 'input': path does not exist: {cfg.input}")
-    if cfg.words and _is_local(cfg.words):
-        need(os.path.isdir(_local(cfg.words)),
+    if cfg.words and is_local(cfg.words):
+        need(os.path.isdir(local_path(cfg.words)),
              f"config key 'words': word table directory does not exist: {cfg.words}")
     need(cfg.text_column != "", "config key 'text_column' is empty")
     try:

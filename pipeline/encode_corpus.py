@@ -489,7 +489,7 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
     bc = sc.broadcast(plan)
     acc = sc.accumulator({}, _PartitionStats())
     encoded = src.mapInArrow(_encode_fn(bc, acc, out_schema), out_struct)
-    tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
     log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
     t_enc = time.time()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -20,16 +21,37 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")  # two letters or more: "C:" is a path
+# filesystems whose "directories" are key prefixes: a rename copies every object, and a
+# directory rename is not atomic, so outputs are written in place with a completion marker
+OBJECT_STORES = frozenset({"s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs", "adl",
+                           "oss", "cos", "cosn", "obs", "dbfs", "r2"})
+
+
+def scheme(path: str) -> str:
+    """The URI scheme of a path, lower case ('' for a plain path): ``file:/x``,
+    ``file:///x``, ``hdfs:/x``, ``hdfs://nn/x``, ``s3a://b/x``, ``dbfs:/x`` all have one."""
+    m = _SCHEME.match(path)
+    return m.group(1).lower() if m else ""
+
+
 def is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file:")
+    return scheme(path) in ("", "file")
+
+
+def is_object_store(path: str) -> bool:
+    return scheme(path) in OBJECT_STORES
 
 
 def local_path(path: str) -> str:
-    if path.startswith("file://"):
-        return path[len("file://"):]
-    if path.startswith("file:"):
-        return path[len("file:"):]
-    return path
+    """The local filesystem path of a local path or ``file:`` URI."""
+    if scheme(path) != "file":
+        return path
+    rest = path[len("file:"):]
+    if rest.startswith("//"):  # file://host/x or file:///x
+        rest = rest[2:]
+        rest = rest[rest.index("/"):] if "/" in rest else "/"
+    return rest
 
 
 def _fs(spark: SparkSession, path: str):
@@ -152,8 +174,23 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
     return True
 
 
+def staging_dir(spark: SparkSession | None, final: str, marker: str) -> str:
+    """Where to write an output directory that readers must see whole: a temporary sibling,
+    renamed over ``final`` by :func:`replace_dir`; on an object store, where a rename copies
+    everything and is not atomic, ``final`` itself, emptied first, with ``marker`` (the file
+    readers check) written last by the caller."""
+    if not is_object_store(final):
+        return f"{final.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    delete(spark, join(final, marker))  # readers stop trusting it before anything changes
+    delete(spark, final)
+    return final
+
+
 def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
-    """Move a finished temp directory into place, replacing an older one."""
+    """Move a finished temp directory into place, replacing an older one (nothing to do when
+    :func:`staging_dir` wrote in place)."""
+    if tmp.rstrip("/") == final.rstrip("/"):
+        return
     if is_local(final) or spark is None:
         lt, lf = local_path(tmp), local_path(final)
         if os.path.exists(lf):

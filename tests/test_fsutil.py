@@ -46,3 +46,41 @@ def test_a_failed_write_names_the_file_and_leaves_no_temp(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, old)
     assert err.value.filename == str(target) and err.value.strerror == "File too large"
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("path,scheme,local,object_store,local_path", [
+    ("/data/corpus", "", True, False, "/data/corpus"),
+    ("data/corpus", "", True, False, "data/corpus"),
+    ("file:/data/x", "file", True, False, "/data/x"),
+    ("file:///data/x", "file", True, False, "/data/x"),
+    ("file://localhost/data/x", "file", True, False, "/data/x"),
+    ("hdfs:/data/x", "hdfs", False, False, None),
+    ("hdfs://nn:8020/data/x", "hdfs", False, False, None),
+    ("s3a://bucket/x", "s3a", False, True, None),
+    ("S3://bucket/x", "s3", False, True, None),
+    ("gs://bucket/x", "gs", False, True, None),
+    ("abfss://c@acct.dfs.core.windows.net/x", "abfss", False, True, None),
+    ("dbfs:/mnt/x", "dbfs", False, True, None),
+    ("viewfs://cluster/x", "viewfs", False, False, None),
+    ("weird:name/file", "weird", False, False, None),
+])
+def test_uri_schemes(path, scheme, local, object_store, local_path):
+    assert fsutil.scheme(path) == scheme
+    assert fsutil.is_local(path) is local
+    assert fsutil.is_object_store(path) is object_store
+    if local_path is not None:
+        assert fsutil.local_path(path) == local_path
+
+
+def test_outputs_are_staged_beside_except_on_object_stores(tmp_path):
+    final = str(tmp_path / "words")
+    staged = fsutil.staging_dir(None, final, "word_table.json")
+    assert staged.startswith(final + ".tmp-")  # renamed into place when complete
+    (tmp_path / "staged").mkdir()
+    fsutil.replace_dir(None, str(tmp_path / "staged"), final)
+    assert (tmp_path / "words").is_dir() and not (tmp_path / "staged").exists()
+    fsutil.replace_dir(None, final, final)  # written in place (object store): nothing to do
+    assert (tmp_path / "words").is_dir()
+    # on an object store the output is written in place (marker last), never renamed
+    assert fsutil.staging_dir(None, "s3a://bucket/run/words", "word_table.json") == \
+        "s3a://bucket/run/words"

@@ -21,7 +21,6 @@ import os
 import re
 import threading
 import time
-import uuid
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -746,12 +745,12 @@ def describe_input_change(old: dict | None, new: dict) -> str:
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
                      df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None,
                      fingerprint: dict, skipped: list[str]) -> WordTable:
-    tmp = f"{cfg.output.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = fsutil.staging_dir(spark, cfg.output, "word_table.json")
     try:
         return _count_into(spark, cfg, spec, t0, df, files, plan, fingerprint, skipped, tmp)
     except BaseException:
         with contextlib.suppress(Exception):  # nothing half-written is left behind
-            fsutil.delete(spark, tmp)
+            fsutil.delete(spark, tmp)  # (on an object store: the output, without its marker)
         raise
 
 
