@@ -1,3 +1,3 @@
 """spark-bpe: exact, distributed byte-level BPE tokenizer training on Apache Spark."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -25,12 +25,14 @@ import json
 import logging
 import os
 import re
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from pipeline import fsutil
 from pipeline.bpe import Merge
 from pipeline.config import Config, ConfigError
+
+if TYPE_CHECKING:  # pyspark only for the type hints: this module imports without it
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +143,6 @@ def parse_full(text: str, base_size: int
         removed.append(r)
     settings = json.loads(head["settings"]) if "settings" in head else None
     return head["fingerprint"], settings, merges, removed
-
-
-def parse(text: str, base_size: int) -> tuple[str, list[Merge], list[int]]:
-    """(fingerprint, merges, tokens removed by each); ValueError if corrupt or truncated."""
-    fp, _, merges, removed = parse_full(text, base_size)
-    return fp, merges, removed
 
 
 def list_names(spark: SparkSession | None, directory: str) -> list[str]:

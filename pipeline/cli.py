@@ -24,9 +24,10 @@ import os
 import resource
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
-from pipeline import faults
+from pipeline import faults, spark_session
 from pipeline.config import Config, ConfigError, resolve, validate
 from pipeline.progress import BarAwareHandler, current_stage
 
@@ -113,8 +114,28 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so the job unwinds (stops Spark) and says so."""
 
 
+_terminating = threading.Event()  # SIGTERM seen (here, or by the JVM that runs us)
+_unwound = threading.Event()  # the job has said its last line
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    _terminating.set()
     raise Terminated()
+
+
+JVM_HOLD_SECONDS = 30.0
+
+
+def on_jvm_shutdown() -> None:
+    """Called from the JVM's shutdown (spark-submit got SIGTERM; it runs this Python driver as
+    its child, which the signal does not reach): stop the job as SIGTERM would, and hold the
+    JVM until the job has unwound (at most ``JVM_HOLD_SECONDS``), so that its last line still
+    gets out through the JVM, the lease is released and no orphan keeps running."""
+    if _unwound.is_set():
+        return
+    _terminating.set()
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # wakes a sleep too
+    _unwound.wait(JVM_HOLD_SECONDS)
 
 
 def prefer_installed_pyspark() -> None:
@@ -145,17 +166,27 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread (e.g. called from a test harness)
         previous = None
+    _terminating.clear()
+    _unwound.clear()
+    if previous is not None:
+        spark_session.on_jvm_shutdown = on_jvm_shutdown
     try:
         return _run(job, description, body, argv)
     finally:
+        spark_session.on_jvm_shutdown = None
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        _unwound.set()
+        spark_session.release_jvm_shutdown_hook()
 
 
 def _run(job: str, description: str, body: Callable[[Config], int | None],
          argv: list[str] | None) -> int:
     try:
-        cfg = validate(resolve(argv, description), job)
+        cfg = validate(resolve(argv, description, job), job)
         setup_logging(cfg.log_level)
         log.info("%s config: %s", job, json.dumps(dataclasses.asdict(cfg), sort_keys=True))
         return int(body(cfg) or 0)
@@ -163,9 +194,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except Terminated:
-        print(f"error: {job} terminated (SIGTERM); rerun the same command to resume",
-              file=sys.stderr)
-        return EXIT_TERMINATED
+        return _terminated(job)
     except KeyboardInterrupt:
         print(f"error: {job} interrupted; rerun the same command to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -188,7 +217,16 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
               "same command to resume", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:
+        if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM
+            log.info("%s: %s while terminating", job, type(exc).__name__)
+            return _terminated(job)
         return _failed(job, exc)
+
+
+def _terminated(job: str) -> int:
+    print(f"error: {job} terminated (SIGTERM); rerun the same command to resume",
+          file=sys.stderr)
+    return EXIT_TERMINATED
 
 
 def _failed(job: str, exc: BaseException) -> int:

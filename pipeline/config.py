@@ -32,65 +32,110 @@ from pipeline.pretokenize import (
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "default.toml"
-ENGINES = ("auto", "spark", "local")
-RESUME_MODES = ("auto", "never")
-SPARK_UI_MODES = ("auto", "on", "off")
-COUNT_READERS = ("auto", "spark", "arrow")
 
 
 class ConfigError(ValueError):
     """Bad configuration or input: the message says which key and what to do."""
 
 
+COUNT, TRAIN, ENCODE = "count", "train", "encode"
+ALL_JOBS = (COUNT, TRAIN, ENCODE)
+INPUT_FORMATS = ("parquet", "json", "text", "orc", "csv", "delta")
+
+
+def opt(default: Any, help: str, jobs: tuple[str, ...] = ALL_JOBS,
+        choices: tuple[str, ...] | None = None) -> Any:
+    """A config key: its default (the only place defaults live), its help, the jobs that take
+    it as a flag, and its allowed values (shown in --help and checked by :func:`validate`)."""
+    meta = {"help": help, "jobs": jobs, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+CT, CTE, TE = (COUNT, TRAIN), ALL_JOBS, (TRAIN, ENCODE)
+
+
 @dataclass
 class Config:
     # -- input ---------------------------------------------------------------------------------
-    input: str = ""  # Parquet path, glob or directory (any Hadoop filesystem URI)
-    text_column: str = "text"
-    words: str = ""  # an existing word table (skips the corpus scan)
-    output: str = ""  # run directory (train) or word table directory (count_words)
-    count_on_driver_max_mb: int = 128  # inputs up to this much Parquet merge counts on the driver
-    count_reader: str = "auto"  # auto (local files: pyarrow in the tasks) | spark | arrow
-    ignore_corrupt_files: bool = False  # skip unreadable input files (listed in stats.json)
+    input: str = opt("", "the corpus: a path, glob or directory on any Hadoop filesystem; "
+                         "several sources separated by commas (see input_weights)", CTE)
+    input_format: str = opt("parquet", "format of --input, read by Spark (parquet files are "
+                                       "read with pyarrow when local)", CT, INPUT_FORMATS)
+    input_table: str = opt("", "a catalog table to read instead of --input", CT)
+    input_weights: list[int] = opt([], "integer weight of each --input source (counts are "
+                                       "multiplied: data mixtures); empty = all 1", CT)
+    text_column: str = opt("text", "the column holding the text (string or binary)", CTE)
+    words: str = opt("", "a word table instead of --input: one from count_words, or an "
+                         "external (word, count[, first_seen]) Parquet or TSV table", (TRAIN,))
+    output: str = opt("", "output directory: the run (train), the word table (count_words), "
+                          "the encoded corpus (encode)")
+    count_on_driver_max_mb: int = opt(128, "inputs up to this many MB of Parquet merge their "
+                                           "partial counts on the driver (0 = always Spark)", CT)
+    count_reader: str = opt("auto", "auto: local Parquet read by pyarrow in the tasks, else "
+                                    "Spark's scan", CT, ("auto", "spark", "arrow"))
+    ignore_corrupt_files: bool = opt(False, "skip input files that cannot be read (listed in "
+                                            "stats.json) instead of one error naming the "
+                                            "file", CT)
     # -- pretokenization -------------------------------------------------------------------------
-    pattern: str = "cl100k"  # gpt2 | cl100k | o200k | none | a custom regex
-    special_tokens: list[str] = field(default_factory=list)
-    lowercase: bool = False
-    normalization: str = "none"  # none | NFC | NFKC | NFD | NFKD
-    max_word_bytes: int = 1024  # longer words are left out of training (counted); 0 = no cap
-    alphabet: str = "bytes"  # bytes | chars
-    end_of_word_suffix: str = ""  # e.g. "</w>" (chars alphabet only)
+    pattern: str = opt("cl100k", f"split pattern: {', '.join(PATTERNS)}, none, or a regex", CT)
+    special_tokens: list[str] = opt(["<|endoftext|>"], "comma-separated special tokens, cut "
+                                                         "out of the text before splitting", CT)
+    lowercase: bool = opt(False, "lowercase the text", CT)
+    normalization: str = opt("none", "Unicode normalization", CT, NORMALIZATIONS)
+    max_word_bytes: int = opt(1024, "words longer than this many bytes are left out of "
+                                    "training and counted (0 = keep all)", CT)
+    alphabet: str = opt("bytes", "initial symbols", (TRAIN,), ALPHABETS)
+    end_of_word_suffix: str = opt("", 'e.g. "</w>" (chars alphabet only)', (TRAIN,))
     # -- training --------------------------------------------------------------------------------
-    vocab_size: int = 0  # 256 + merges + special tokens (bytes alphabet)
-    num_merges: int = 0  # alternative to vocab_size
-    min_pair_count: int = 2
-    max_token_bytes: int = 0  # 0 = no limit
-    engine: str = "auto"  # auto | spark | local
-    driver_budget_mb: int = 0  # memory the driver engine may use; 0 = derived (pipeline/memory.py)
-    batch_merges: bool = True  # spark engine: several merges per round when provably exact
-    max_batch: int = 256
-    num_partitions: int = 0  # 0 = Spark's default parallelism
+    vocab_size: int = opt(0, "256 + merges + special tokens", (TRAIN,))
+    num_merges: int = opt(0, "number of merges (instead of --vocab-size)", (TRAIN,))
+    min_pair_count: int = opt(2, "stop when the best pair occurs fewer times", (TRAIN,))
+    max_token_bytes: int = opt(0, "never make a token longer than this (0 = no limit)", (TRAIN,))
+    engine: str = opt("auto", "merge engine (auto: decided by memory)", (TRAIN,),
+                      ("auto", "spark", "local"))
+    driver_budget_mb: int = opt(0, "MB the driver engine may use (0 = derived from what the "
+                                   "driver has)", (TRAIN,))
+    batch_merges: bool = opt(True, "spark engine: several merges per round when provably "
+                                   "exact", (TRAIN,))
+    max_batch: int = opt(256, "spark engine: most merges in one round", (TRAIN,))
+    num_partitions: int = opt(0, "partitions of the work (0 = Spark's default parallelism)")
+    name: str = opt("", "the tokenizer's name (the tiktoken encoding's name): default "
+                        "spark-bpe-<run directory name>", (TRAIN,))
     # -- checkpoints -----------------------------------------------------------------------------
-    checkpoint_dir: str = ""
-    checkpoint_every_merges: int = 1000
-    checkpoint_every_seconds: float = 60.0
-    resume: str = "auto"  # auto | never
-    lease_timeout_seconds: float = 120.0  # a run directory's lease not renewed this long is free
+    checkpoint_dir: str = opt("", "where merge-list checkpoints go (default RUN_DIR/"
+                                  "checkpoints)", (TRAIN,))
+    checkpoint_every_merges: int = opt(1000, "checkpoint at least every N merges", (TRAIN,))
+    checkpoint_every_seconds: float = opt(60.0, "and at least every N seconds", (TRAIN,))
+    resume: str = opt("auto", "continue from the newest valid checkpoint, or start fresh",
+                      (TRAIN,), ("auto", "never"))
+    lease_timeout_seconds: float = opt(120.0, "one run per run directory: a lease not renewed "
+                                              "this long is taken over", (TRAIN,))
     # -- runtime ---------------------------------------------------------------------------------
-    master: str = ""  # empty: whatever spark-submit says, else local[*]
-    shuffle_partitions: int = 0  # 0 = 2 x default parallelism
-    log_level: str = "INFO"
-    progress_bar: bool = True  # only when stderr is a terminal
-    heartbeat_seconds: float = 5.0  # a progress line per running stage this often
-    spark_ui: str = "auto"  # web UI: auto (on for cluster masters, off in local modes) | on | off
-    report_sample_rows: int = 200  # rows held out for the report's compression curve
-    report_sample: str = ""  # Parquet of held-out text for report.html (default: input rows)
+    master: str = opt("", "Spark master when not given by spark-submit (else local[*])")
+    shuffle_partitions: int = opt(0, "spark.sql.shuffle.partitions when spark-submit did not "
+                                     "set it (0 = 2 x default parallelism)")
+    log_level: str = opt("INFO", "our log level (Spark's own log is configured by Spark)",
+                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    progress_bar: bool = opt(True, "a progress bar on a terminal (never in a log)")
+    heartbeat_seconds: float = opt(5.0, "a progress line per running stage this often")
+    spark_ui: str = opt("auto", "Spark web UI (auto: on for cluster masters, off in local "
+                                "modes)", choices=("auto", "on", "off"))
+    report_sample_rows: int = opt(200, "rows sampled for report.html", (TRAIN,))
+    report_sample: str = opt("", "Parquet of held-out text for report.html (default: rows of "
+                                 "the input)", (TRAIN,))
     # -- encoding (jobs/encode.py) ---------------------------------------------------------------
-    tokenizer: str = ""  # a trained run directory
-    key_columns: list[str] = field(default_factory=list)  # empty: all but the text column
-    ids_column: str = "ids"
-    special_in_text: str = "error"  # error | special | text
-    encode_engine: str = "auto"  # auto | tiktoken | reference
+    tokenizer: str = opt("", "the trained run directory to encode with", (ENCODE,))
+    key_columns: list[str] = opt([], "columns copied next to the ids (default: every column "
+                                     "but the text; file and row when there is none)",
+                                 (ENCODE,))
+    ids_column: str = opt("ids", "name of the token-ids column (array<int>)", (ENCODE,))
+    special_in_text: str = opt("error", "a special-token string in the text: an error, its "
+                                        "special id, or plain text", (ENCODE,),
+                               ("error", "special", "text"))
+    encode_engine: str = opt("auto", "auto: tiktoken when installed on the executors",
+                             (ENCODE,), ("auto", "tiktoken", "reference"))
 
     # -- derived ---------------------------------------------------------------------------------
     def pretokenizer_spec(self) -> PretokenizerSpec:
@@ -106,51 +151,47 @@ class Config:
             return self.num_merges
         return self.vocab_size - base_size - len(self.special_tokens)
 
+    @property
+    def inputs(self) -> list[str]:
+        """The input sources (``input`` split at commas)."""
+        return [s.strip() for s in self.input.split(",") if s.strip()]
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-
-FIELD_HELP = {
-    "input": "Parquet corpus: path, glob or directory (hdfs://, s3a:// ... work)",
-    "words": "existing word table directory (from count_words) instead of --input",
-    "output": "output directory",
-    "vocab_size": "256 + merges + special tokens",
-    "num_merges": "number of merges (alternative to --vocab-size)",
-    "pattern": f"split pattern: {', '.join(PATTERNS)}, none, or a custom regex",
-    "special_tokens": "comma-separated special tokens, cut out before splitting",
-    "engine": "auto (decided by memory) | spark | local",
-    "ignore_corrupt_files": "skip input files that cannot be read (listed in stats.json) "
-                            "instead of stopping with an error naming the file",
-    "max_word_bytes": "words longer than this many bytes are left out of training (0: keep all)",
-    "driver_budget_mb": "MB the driver engine may use (0: derived from the driver's memory)",
-    "resume": "auto | never",
-    "checkpoint_dir": "where checkpoints go (any Hadoop filesystem URI)",
-    "report_sample": "Parquet of held-out text for report.html (default: rows of --input)",
-    "tokenizer": "encode: the trained run directory to encode with",
-    "key_columns": "encode: columns copied next to the ids (default: every column but the "
-                   "text; file + row when there is none)",
-    "ids_column": "encode: name of the token-ids column (array<int>)",
-    "special_in_text": "encode: a special-token string in the text is an error (error), "
-                       "its special id (special), or plain text (text)",
-    "encode_engine": "encode: auto (tiktoken when installed) | tiktoken | reference",
-}
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def build_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--config", action="append", default=[], help="extra TOML config file(s)")
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else f.type.__name__
+
+
+def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
+    """The flags of one job: its keys only, each with its default and allowed values."""
+    from pipeline import __version__
+
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"spark-bpe {__version__}")
+    p.add_argument("--config", action="append", default=[], metavar="FILE",
+                   help="TOML config file(s), applied in order after conf/default.toml")
+    defaults = Config()
     for f in fields(Config):
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        help_text = FIELD_HELP.get(f.name, f.name.replace("_", " "))
+        if job not in f.metadata["jobs"]:
+            continue
+        kind, default = _kind(f), getattr(defaults, f.name)
+        shown = ",".join(default) if isinstance(default, list) else default
+        help_text = f.metadata["help"] + f" (default: {shown!r})"
+        if f.metadata["choices"]:
+            help_text += f"; one of {', '.join(f.metadata['choices'])}"
         if kind == "bool":
             p.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                            default=None, help=help_text)
         else:
-            p.add_argument(_flag(f.name), dest=f.name, default=None, metavar="VALUE",
+            p.add_argument(_flag(f.name), dest=f.name, default=None,
+                           metavar=kind.upper().replace("[", "_").replace("]", ""),
                            help=help_text)
     return p
 
@@ -171,6 +212,11 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
             return int(value)
         if kind == "float":
             return float(value)
+        if kind == "list[int]":
+            items = value.split(",") if isinstance(value, str) else value
+            if isinstance(items, list):
+                return [int(v) for v in items if str(v).strip() != ""]
+            raise ValueError(value)
         if kind == "list[str]":
             if isinstance(value, str):
                 return [s for s in value.split(",") if s] if value else []
@@ -210,14 +256,19 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
-def resolve(argv: list[str] | None = None, description: str = "") -> Config:
-    """defaults <- conf/default.toml <- each --config <- command-line flags; then validate."""
-    args = build_parser(description).parse_args(argv)
+def resolve(argv: list[str] | None = None, description: str = "", job: str = TRAIN) -> Config:
+    """Config defaults <- conf/default.toml (the sample run's corpus, output and vocabulary)
+    <- each --config <- the job's command-line flags. A run that names its own input (or word
+    table) must name its own output: the default one is the sample run's."""
+    args = build_parser(description, job).parse_args(argv)
     cfg = Config()
     if DEFAULT_CONFIG.exists():
         _apply(load_toml(DEFAULT_CONFIG), cfg, str(DEFAULT_CONFIG))
+    explicit: set[str] = set()
     for path in args.config:
-        _apply(load_toml(path), cfg, path)
+        values = load_toml(path)
+        _apply(values, cfg, path)
+        explicit |= {k.replace("-", "_") for k in values}
     cli = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     if "num_merges" in cli and "vocab_size" not in cli:
         cfg.vocab_size = 0
@@ -225,45 +276,60 @@ def resolve(argv: list[str] | None = None, description: str = "") -> Config:
         cfg.num_merges = 0
     if "words" in cli and "input" not in cli:
         cfg.input = ""
+    if ("input" in cli or "input_table" in cli) and "words" not in cli:
+        cfg.words = ""
     _apply(cli, cfg, "command line")
+    explicit |= set(cli)
+    if explicit & {"input", "input_table", "words"} and "output" not in explicit:
+        raise ConfigError("config key 'output': give --output DIR with --input or --words (the "
+                          "default output directory is the sample run's)")
     return cfg
 
 
-def validate(cfg: Config, job: str) -> Config:
-    """Check everything that can be checked without Spark. ``job``: count | train | encode."""
+def validate(cfg: Config, job: str, frame: bool = False) -> Config:
+    """Check everything that can be checked without Spark. ``job``: count | train | encode.
+    ``frame``: the corpus is a DataFrame (``pipeline.api``), not ``input``."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(msg)
 
+    for f in fields(Config):
+        choices = f.metadata["choices"]
+        value = getattr(cfg, f.name)
+        need(not choices or value in choices,
+             f"config key '{f.name}' must be one of {choices}, not {value!r}")
+    need(all(w >= 1 for w in cfg.input_weights),
+         "config key 'input_weights': weights are integers >= 1")
+    need(not cfg.input_weights or len(cfg.input_weights) == len(cfg.inputs),
+         f"config key 'input_weights': {len(cfg.input_weights)} weights for "
+         f"{len(cfg.inputs)} input sources")
+
     need(cfg.output != "", "config key 'output': set an output directory (--output DIR)")
     if job == "count":
-        need(cfg.input != "", "config key 'input': give a Parquet corpus (--input PATH)")
+        need(cfg.input != "" or cfg.input_table != "" or frame,
+             "config key 'input': give a corpus (--input PATH or --input-table NAME)")
     if job == "train":
-        need(bool(cfg.input) != bool(cfg.words),
-             "give exactly one of --input PATH (a Parquet corpus) or --words DIR (a word table)")
-    if cfg.input and is_local(cfg.input) and not any(c in cfg.input for c in "*?["):
-        need(os.path.exists(local_path(cfg.input)),
-             f"config key 'input': path does not exist: {cfg.input}")
-    if cfg.words and is_local(cfg.words):
-        need(os.path.isdir(local_path(cfg.words)),
-             f"config key 'words': word table directory does not exist: {cfg.words}")
+        need((bool(cfg.input) or bool(cfg.input_table) or frame) != bool(cfg.words),
+             "give exactly one of --input PATH (a corpus) or --words DIR (a word table)")
+    need(not (cfg.input and cfg.input_table),
+         "config keys 'input' and 'input_table' are both set: give only one")
+    for source in cfg.inputs:
+        if is_local(source) and not any(c in source for c in "*?["):
+            need(os.path.exists(local_path(source)),
+                 f"config key 'input': path does not exist: {source}")
+    if cfg.words and is_local(cfg.words) and not any(c in cfg.words for c in "*?["):
+        need(os.path.exists(local_path(cfg.words)),
+             f"config key 'words': no word table at {cfg.words}")
     need(cfg.text_column != "", "config key 'text_column' is empty")
     try:
         compile_pattern(cfg.pattern)
     except PatternError as exc:
         raise ConfigError(f"config key 'pattern': {exc}") from None
-    need(cfg.normalization in NORMALIZATIONS,
-         f"config key 'normalization' must be one of {NORMALIZATIONS}, not {cfg.normalization!r}")
-    need(cfg.alphabet in ALPHABETS,
-         f"config key 'alphabet' must be one of {ALPHABETS}, not {cfg.alphabet!r}")
     need(not cfg.end_of_word_suffix or cfg.alphabet == "chars",
          "config key 'end_of_word_suffix' needs alphabet = 'chars'")
     need(len(set(cfg.special_tokens)) == len(cfg.special_tokens),
          "config key 'special_tokens' has duplicates")
     need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
-    need(cfg.engine in ENGINES, f"config key 'engine' must be one of {ENGINES}, not {cfg.engine!r}")
-    need(cfg.resume in RESUME_MODES,
-         f"config key 'resume' must be one of {RESUME_MODES}, not {cfg.resume!r}")
     need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
     need(cfg.max_token_bytes >= 0, "config key 'max_token_bytes' must be >= 0 (0 = no limit)")
     need(cfg.max_word_bytes >= 0, "config key 'max_word_bytes' must be >= 0 (0 = no cap)")
@@ -272,10 +338,6 @@ def validate(cfg: Config, job: str) -> Config:
          "from the memory the driver has)")
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
     need(cfg.count_on_driver_max_mb >= 0, "config key 'count_on_driver_max_mb' must be >= 0")
-    need(cfg.count_reader in COUNT_READERS,
-         f"config key 'count_reader' must be one of {COUNT_READERS}, not {cfg.count_reader!r}")
-    need(cfg.spark_ui in SPARK_UI_MODES,
-         f"config key 'spark_ui' must be one of {SPARK_UI_MODES}, not {cfg.spark_ui!r}")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
     need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
     need(cfg.lease_timeout_seconds > 0, "config key 'lease_timeout_seconds' must be > 0")

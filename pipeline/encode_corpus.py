@@ -55,8 +55,10 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.word_count import read_corpus
 from pipeline.encoder import EncodeError, Tokenizer
-from pipeline.outputs import read_tiktoken_export
+from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
+from pipeline.progress import Progress
+from pipeline.spark_session import job_group, task_progress
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +126,10 @@ def check_encode_config(cfg: Config, spark: SparkSession | None = None) -> None:
              f"config key 'output': {cfg.output} overlaps --{key} {getattr(cfg, key)}")
     if spark is None and _local(cfg.tokenizer) is None:
         return
-    meta = fsutil.join(cfg.tokenizer, "tokenizer_meta.json")
-    need(fsutil.exists(spark, meta),
-         f"config key 'tokenizer': {cfg.tokenizer} is not a trained run directory "
-         "(no tokenizer_meta.json); train one with jobs/train.py")
+    try:
+        check_run(cfg.tokenizer, ("tokenizer_meta.json",), spark)
+    except IncompleteRun as exc:
+        raise ConfigError(f"config key 'tokenizer': {exc}") from None
     if fsutil.exists(spark, cfg.output):
         need(fsutil.exists(spark, fsutil.join(cfg.output, STATS_FILE)),
              f"config key 'output': {cfg.output} exists and is not the output of an earlier "
@@ -151,8 +153,11 @@ def load_plan(spark: SparkSession | None, cfg: Config) -> EncodePlan:
     """Read the run directory and pick the engine (one-line ConfigErrors)."""
     path = fsutil.join(cfg.tokenizer, "tokenizer_meta.json")
     try:
+        check_run(cfg.tokenizer, ("tokenizer_meta.json",), spark)
         meta = json.loads(fsutil.read_text(spark, path))
         Tokenizer.from_meta(meta, path)
+    except IncompleteRun as exc:
+        raise ConfigError(f"config key 'tokenizer': {exc}") from None
     except FileNotFoundError:
         raise ConfigError(f"config key 'tokenizer': {cfg.tokenizer} is not a trained run "
                           "directory (no tokenizer_meta.json)") from None
@@ -493,8 +498,11 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
     log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
     t_enc = time.time()
+    progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
     try:
-        encoded.write.option("compression", OUTPUT_COMPRESSION).parquet(tmp)
+        with job_group(sc, "encode") as group, progress.stage(
+                "encode", unit="tasks", poll=task_progress(sc, group)):
+            encoded.write.option("compression", OUTPUT_COMPRESSION).parquet(tmp)
     except Exception as exc:
         fsutil.delete(spark, tmp)
         msg = _row_error(exc)

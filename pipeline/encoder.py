@@ -35,7 +35,7 @@ import regex
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
-from pipeline.outputs import canonical_ids
+from pipeline.outputs import IncompleteRun, canonical_ids, check_run
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, word_bytes
 
 CACHE_WORDS = 200_000
@@ -325,7 +325,12 @@ class Tokenizer:
 
     @classmethod
     def load(cls, run_dir: str) -> Tokenizer:
+        """The tokenizer of a complete run directory (one with a valid ``run.json``)."""
         path = fsutil.join(run_dir, "tokenizer_meta.json")
+        try:
+            check_run(run_dir, ("tokenizer_meta.json",))
+        except IncompleteRun as exc:
+            raise EncodeError(str(exc)) from None
         try:
             meta = json.loads(fsutil.read_text(None, path))
         except FileNotFoundError:

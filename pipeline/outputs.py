@@ -62,7 +62,6 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 BYTE_ENCODER = bytes_to_unicode()
-BYTE_DECODER = {v: k for k, v in BYTE_ENCODER.items()}
 
 
 def gpt2_spelling(token: bytes) -> str:
@@ -90,6 +89,7 @@ class TrainedTokenizer:
     pattern: str  # name or regex, as configured
     lowercase: bool = False
     normalization: str = "none"
+    name: str = "spark-bpe"  # the tokenizer's name (tiktoken asks one per distinct encoding)
 
     @property
     def vocab(self) -> list[bytes]:
@@ -341,7 +341,7 @@ def tiktoken_meta(tok: TrainedTokenizer, ranks_text: str) -> dict:
     ``expected_hash`` to ``tiktoken.load.load_tiktoken_bpe``, which otherwise caches files by
     path and would hand back an older run's ranks after a retrain into the same directory."""
     return {
-        "name": "spark-bpe",
+        "name": tok.name,
         "pat_str": tok.pattern_regex or TIKTOKEN_ANY,
         "special_tokens": tok.special_ids(),
         "n_vocab": tok.base.size + len(tok.merges) + len(tok.special_tokens),
@@ -399,6 +399,57 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
     return notes
 
 
+RUN_FILE = "run.json"
+RUN_FORMAT = "spark-bpe run"
+_CHECKED_FILES = ("merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
+                  "tiktoken.json", "tokenizer_meta.json")
+
+
+class IncompleteRun(ValueError):
+    """A directory a reader was pointed at is not a complete, consistent run."""
+
+
+def _sha256_text(spark, path: str) -> str:
+    return hashlib.sha256(fsutil.read_text(spark, path).encode("utf-8")).hexdigest()
+
+
+def write_run_json(run_dir: str, summary: dict, spark=None) -> None:
+    """``run.json``, written last: the run is complete, and these are its files (the SHA-256
+    of every export, so a reader can tell a file another run changed afterwards)."""
+    j = fsutil.join
+    files = {n: _sha256_text(spark, j(run_dir, n)) for n in _CHECKED_FILES
+             if fsutil.exists(spark, j(run_dir, n))}
+    fsutil.write_text(spark, j(run_dir, RUN_FILE), json.dumps(
+        {"format": RUN_FORMAT, "version": 1, **summary, "files": files}, indent=2))
+
+
+def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
+    """``run_dir``'s ``run.json``, after checking that the run is complete and that ``files``
+    are the ones it finished with; else :class:`IncompleteRun` saying what to do."""
+    path = fsutil.join(run_dir, RUN_FILE)
+    try:
+        run = json.loads(fsutil.read_text(spark, path))
+    except FileNotFoundError:
+        raise IncompleteRun(
+            f"{run_dir} is not a complete run (no {RUN_FILE}): it is still training, was "
+            "interrupted, or is not a run directory; rerun its jobs/train.py command to "
+            "finish it") from None
+    except ValueError:
+        raise IncompleteRun(f"{path} is corrupt: rerun the run's jobs/train.py command to "
+                            "write it again") from None
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        raise IncompleteRun(f"{path} is not a spark-bpe run.json (format "
+                            f"{run.get('format') if isinstance(run, dict) else None!r})")
+    recorded = run.get("files") or {}
+    for name in files:
+        want = recorded.get(name)
+        if want is not None and _sha256_text(spark, fsutil.join(run_dir, name)) != want:
+            raise IncompleteRun(
+                f"{fsutil.join(run_dir, name)} is not the file its run finished with (changed "
+                f"since {RUN_FILE} was written); rerun the run's jobs/train.py command")
+    return run
+
+
 def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
     """Write every export this tokenizer supports; returns notes on what was not exported or
     needs care."""
@@ -450,6 +501,7 @@ class TiktokenExport:
 
 def read_tiktoken_export(run_dir: str, spark=None) -> TiktokenExport:
     j = fsutil.join
+    check_run(run_dir, ("tiktoken.json", "tokenizer.tiktoken"), spark)
     try:
         meta = json.loads(fsutil.read_text(spark, j(run_dir, "tiktoken.json")))
         ranks_text = fsutil.read_text(spark, j(run_dir, "tokenizer.tiktoken"))

@@ -140,9 +140,6 @@ class Pretokenizer:
             return [text] if text else []
         return [c for c in self._specials.split(text) if c]
 
-    def count_specials(self, text: str) -> int:
-        return 0 if self._specials is None else len(self._specials.findall(text))
-
     def words(self, text: str) -> list[str]:
         """All words of one row, in text order."""
         return self.split_chunks(self.chunks(self.prepare(text)))
@@ -235,11 +232,6 @@ class WordCounter:
     max_row: int = 0  # largest row index with words, and largest rank in a row: they size
     max_rank: int = 0  # the first_seen bit layout, the same for every partitioning
     _last_long_row: int = -1
-
-    @property
-    def first(self) -> dict[str, tuple[int, int, int]]:
-        """word -> (file, row, rank) of its first occurrence."""
-        return dict(zip(self.counts, zip(self.first_file, self.first_row, self.first_rank)))
 
     def add_row(self, row_index: int, value: str | bytes | None) -> None:
         st = self.stats

@@ -155,7 +155,58 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     return spark
 
 
+on_jvm_shutdown: Callable[[], None] | None = None  # set by pipeline.cli while a job runs
+_jvm_hook: tuple | None = None  # (gateway, the JVM's hook thread)
+
+
+class _ShutdownHook:
+    """A ``java.lang.Runnable`` implemented in Python (py4j callback): the JVM runs it in its
+    shutdown hooks."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+
+    def run(self) -> None:
+        self.fn()
+
+    class Java:
+        implements = ["java.lang.Runnable"]
+
+
+def _hold_jvm_shutdown(sc: SparkContext) -> None:
+    """Under spark-submit the JVM is this process's parent, and a scheduler's SIGTERM reaches
+    only the JVM: register a JVM shutdown hook that calls :data:`on_jvm_shutdown` (set by the
+    job's entry point) through py4j's callback server (loopback, like the gateway)."""
+    global _jvm_hook
+    if on_jvm_shutdown is None or _jvm_hook is not None \
+            or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    try:
+        gateway = sc._gateway
+        ensure_callback_server_started(gateway)
+        thread = sc._jvm.java.lang.Thread(_ShutdownHook(on_jvm_shutdown), "spark-bpe-sigterm")
+        sc._jvm.java.lang.Runtime.getRuntime().addShutdownHook(thread)
+        _jvm_hook = (gateway, thread)
+    except Exception as exc:  # noqa: BLE001 - without it SIGTERM still stops the JVM
+        logging.getLogger(__name__).warning("no JVM shutdown hook (%s): a SIGTERM to "
+                                            "spark-submit will not reach this driver", exc)
+
+
+def release_jvm_shutdown_hook() -> None:
+    """The job is over: the JVM's normal exit must not call back into a finished Python."""
+    global _jvm_hook
+    if _jvm_hook is None:
+        return
+    gateway, thread = _jvm_hook
+    _jvm_hook = None
+    with contextlib.suppress(Exception):
+        gateway.jvm.java.lang.Runtime.getRuntime().removeShutdownHook(thread)
+
+
 def _started(sc: SparkContext) -> None:
+    _hold_jvm_shutdown(sc)
     _settings.update(sc.getConf().getAll())
     logging.getLogger("pipeline.spark_session").info(
         "Spark application '%s' (%s), master %s, %d cores", sc.appName, sc.applicationId,

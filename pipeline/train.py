@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import resource
 import statistics
 import time
@@ -36,6 +37,7 @@ from pipeline import faults, fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings, list_names
 from pipeline.config import Config, ConfigError
+from pipeline.count.external import import_word_table, is_ours
 from pipeline.count.word_count import (
     WordTable,
     count_words,
@@ -44,6 +46,7 @@ from pipeline.count.word_count import (
     input_fingerprint,
     list_input,
     open_word_table,
+    read_word_table,
     spark_table_digest,
 )
 from pipeline.engines.local import LocalTrainer
@@ -51,7 +54,7 @@ from pipeline.engines.rounds import RoundStats, run_rounds
 from pipeline.engines.spark import SparkPartitions, symbols_of
 from pipeline.lease import Lease
 from pipeline.memory import Budget, choose_engine, driver_budget, fits_driver
-from pipeline.outputs import TrainedTokenizer, write_exports, write_trace
+from pipeline.outputs import TrainedTokenizer, write_exports, write_run_json, write_trace
 from pipeline.progress import Progress, Stage
 from pipeline.report import write_report
 from pipeline.spark_session import start_session
@@ -75,20 +78,27 @@ class WordTableChoice:
     input_changed: bool  # the run's own table was recounted because its input changed
 
 
-def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress) -> WordTableChoice:
+def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
+                    frame: DataFrame | None = None) -> WordTableChoice:
     """The word table: the one given (--words, trusted as given), or the run's own, counted
     from --input and reused by a later run only while the input's fingerprint (file listing,
     sizes, modification times, footer row counts) and the split settings still match."""
     t0 = time.time()
-    if cfg.words:
+    if cfg.words and is_ours(spark, cfg.words):
         return WordTableChoice(open_word_table(spark, cfg.words), 0.0, False)
+    if cfg.words:  # made elsewhere: imported into the run directory, taken as given
+        own = fsutil.join(cfg.output, "words")
+        import_word_table(spark, cfg, cfg.words, own)
+        return WordTableChoice(open_word_table(spark, own), 0.0, False)
     own = fsutil.join(cfg.output, "words")
     _remove_stale_temp(spark, cfg.output, "words")
     changed = False
-    if fsutil.exists(spark, fsutil.join(own, "word_table.json")):
+    if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
-        if (wt.meta.get("input") == cfg.input and wt.meta.get("text_column") == cfg.text_column
-                and all(getattr(cfg, k) == v for k, v in _table_settings(wt).items())):
+        same_source = all(wt.meta.get(k, default) == getattr(cfg, k) for k, default in (
+            ("input", ""), ("text_column", "text"), ("input_format", "parquet"),
+            ("input_table", ""), ("input_weights", [])))
+        if same_source and all(getattr(cfg, k) == v for k, v in _table_settings(wt).items()):
             files, footers = list_input(spark, cfg)
             now = input_fingerprint(spark, files, footers)
             then = wt.meta.get("input_fingerprint")
@@ -100,8 +110,9 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress) -> Wor
             changed = True
             log.info("recounting: %s", describe_input_change(then, now))
     sub = Config(**{**cfg.__dict__, "output": own})
-    log.info("counting the words of %s into %s", cfg.input, own)
-    wt = count_words(spark, sub, progress)
+    log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
+             own)
+    wt = count_words(spark, sub, progress, frame)
     return WordTableChoice(wt, time.time() - t0, changed)
 
 
@@ -144,12 +155,12 @@ def _char_vocab(words: DataFrame, suffix: str) -> BaseVocab:
     return BaseVocab("chars", tokens, suffix)
 
 
-def _load_local(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab
+def _load_local(spark: SparkSession, wt: WordTable, base: BaseVocab
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The whole word table on the driver, as initial symbols in first-seen order."""
     table, wt.table = wt.table, None  # counted in this process: in memory, sorted
     if table is None:
-        table = words().select("word", "count", "first_seen").toArrow().sort_by("first_seen")
+        table = read_word_table(spark, wt)
     char_ids, suffix_id = _char_ids(base)
     flat, lengths = symbols_of(table.column("word"), char_ids, suffix_id)
     flat = flat.astype(np.int32)  # the engine's token array (taken over, not copied again)
@@ -205,7 +216,8 @@ def _will_use_spark_sql(cfg: Config) -> bool:
     """Whether the run needs a SparkSession whatever the count finds: a given word table, the
     chars alphabet, the Spark engine, or files only Spark's own readers and writers reach."""
     return (bool(cfg.words) or cfg.alphabet != "bytes" or cfg.engine == "spark"
-            or cfg.count_reader == "spark" or not fsutil.is_local(cfg.input)
+            or cfg.count_reader == "spark" or cfg.input_format != "parquet"
+            or bool(cfg.input_table) or not all(fsutil.is_local(i) for i in cfg.inputs)
             or not fsutil.is_local(cfg.output))
 
 
@@ -232,12 +244,12 @@ class Prepared:
 
 
 def prepare(spark: SparkSession, cfg: Config, progress: Progress,
-            session_seconds: float = 0.0) -> Prepared:
+            session_seconds: float = 0.0, frame: DataFrame | None = None) -> Prepared:
     """Stage 1: the word table, the settings fingerprint, the checkpoint, the engine."""
-    if _will_use_spark_sql(cfg):
+    if frame is not None or _will_use_spark_sql(cfg):
         start_session(spark)
     stages: dict[str, float] = {"spark_session": round(session_seconds, 3)}
-    choice = _word_table_for(spark, cfg, progress)
+    choice = _word_table_for(spark, cfg, progress, frame)
     wt = choice.table
     stages["count_words"] = round(choice.count_seconds, 3)
     _adopt_table_settings(cfg, wt)
@@ -349,7 +361,7 @@ def make_merges(spark: SparkSession, prep: Prepared, progress: Progress) -> Merg
                     del rest
                     _train_local(LocalTrainer(flat, lengths, counts, mlog.vocab), mlog, cfg)
         elif mlog.wanted > 0:
-            lt = LocalTrainer(*_load_local(prep.table, prep.words, prep.base),
+            lt = LocalTrainer(*_load_local(spark, prep.table, prep.base),
                               prep.base.tokens)
             if mlog.merges:
                 lt.replay(mlog.merges)
@@ -405,7 +417,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
                    - np.cumsum(np.asarray(out.removed, dtype=np.int64))).tolist()
     t_out = time.time()
     tok = TrainedTokenizer(base, out.merges, list(cfg.special_tokens), cfg.pattern,
-                           cfg.lowercase, cfg.normalization)
+                           cfg.lowercase, cfg.normalization, tokenizer_name(cfg))
     with progress.stage("outputs"):
         notes = write_exports(cfg.output, tok, spark)
         write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
@@ -419,11 +431,10 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     stages["total_after_session"] = round(time.time() - t_start, 3)
     fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json())
     fsutil.write_text(spark, fsutil.join(cfg.output, "stats.json"), json.dumps(stats, indent=2))
-    fsutil.write_text(spark, fsutil.join(cfg.output, "run.json"), json.dumps({
-        "format": "spark-bpe run", "version": 1, "fingerprint": prep.fingerprint,
-        "merges": len(out.merges), "merges_wanted": prep.target, "stats": stats,
-        "notes": notes,
-    }, indent=2))
+    write_run_json(cfg.output, {
+        "fingerprint": prep.fingerprint, "merges": len(out.merges),
+        "merges_wanted": prep.target, "stats": stats, "notes": notes,
+    }, spark)
     for n in notes:
         log.warning(n)
     return RunResult(cfg.output, out.merges, stats, notes)
@@ -472,11 +483,12 @@ def _run_stats(prep: Prepared, out: MergeOutcome, tokens_left: list[int]) -> dic
 
 
 def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
-          progress: Progress | None = None) -> RunResult:
+          progress: Progress | None = None, frame: DataFrame | None = None) -> RunResult:
     """Train end to end: :func:`prepare`, :func:`make_merges`, :func:`publish`, holding the
     lease of the run directory (and of the checkpoint directory) throughout. ``spark`` may be
     a :class:`DeferredSession`: runs that need Spark SQL start creating it at once, in the
-    background; others may never create it."""
+    background; others may never create it. ``frame``: train on this DataFrame's
+    ``text_column`` instead of ``cfg.input`` (``pipeline.api``)."""
     t_start = time.time()
     with contextlib.ExitStack() as stack:
         leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
@@ -484,7 +496,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
         progress = progress or Progress("train", _progress_file(cfg), cfg.heartbeat_seconds,
                                         bar=cfg.progress_bar)
         with progress.stage("prepare"):
-            prep = prepare(spark, cfg, progress, session_seconds)
+            prep = prepare(spark, cfg, progress, session_seconds, frame)
         if prep.done is not None:
             log.info("run at %s is already complete (%d merges); nothing to do",
                      cfg.output, prep.done.get("merges"))
@@ -503,6 +515,15 @@ def _leased_dirs(cfg: Config) -> list[str]:
     if ckpt and not ckpt.rstrip("/").startswith(cfg.output.rstrip("/") + "/"):
         dirs.append(ckpt)
     return dirs
+
+
+def tokenizer_name(cfg: Config) -> str:
+    """``name``, or spark-bpe-<run directory name> (tiktoken wants distinct encodings to have
+    distinct names: two runs with other special tokens must not share one)."""
+    if cfg.name:
+        return cfg.name
+    base = cfg.output.rstrip("/").rsplit("/", 1)[-1] or "run"
+    return "spark-bpe-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-")
 
 
 def _progress_file(cfg: Config) -> str | None:

@@ -45,19 +45,6 @@ def corpus_texts(corpus: str) -> list[str]:
     return list(iter_rows(corpus))
 
 
-def write_text_files(texts: list[str], out_dir: str, shards: int = 16) -> list[str]:
-    """The corpus as plain text files, for ``tokenizers``' ``train(files)``."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    per = (len(texts) + shards - 1) // shards
-    for i in range(shards):
-        p = os.path.join(out_dir, f"part-{i:05d}.txt")
-        with open(p, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(texts[i * per:(i + 1) * per]))
-        paths.append(p)
-    return paths
-
-
 def _hf_setup(vocab_size: int, pattern: str):
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
@@ -78,14 +65,6 @@ def hf_train_rows(rows: Iterable[str], vocab_size: int, pattern: str = "cl100k")
     ours): byte-level BPE, the same split pattern; returns the vocabulary size."""
     tok, trainer = _hf_setup(vocab_size, pattern)
     tok.train_from_iterator(rows, trainer)
-    return tok.get_vocab_size()
-
-
-def hf_train(files: list[str], vocab_size: int, pattern: str = "cl100k") -> int:
-    """Hugging Face tokenizers ``train(files)``: text files are read line by line, so words
-    never span lines (not the rows' boundaries); kept for the older benchmarks."""
-    tok, trainer = _hf_setup(vocab_size, pattern)
-    tok.train(files, trainer)
     return tok.get_vocab_size()
 
 

@@ -4,7 +4,7 @@
 
 Ours: ``count_words`` (Spark, the full stage: read, split, count, first_seen ranks, write the
 word table), timed after the Spark session is up (session start reported separately).
-References: ``tokenizers`` ``train(files)`` and rustbpe ``train_from_iterator``, both asked for
+References: ``tokenizers`` and rustbpe ``train_from_iterator`` over our rows, both asked for
 vocab 257 (one merge) so their time is the pre-tokenize + count stage; same split pattern.
 Runs are interleaved; medians and ratios are printed.
 """
@@ -25,11 +25,10 @@ from bench_common import (  # noqa: E402
     DEFAULT_CORPUS,
     corpus_texts,
     fmt_row,
-    hf_train,
+    hf_train_rows,
     median,
     rustbpe_train,
     timed,
-    write_text_files,
 )
 
 from pipeline.config import Config  # noqa: E402
@@ -49,7 +48,6 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench-count-")
     texts = corpus_texts(args.corpus)
     nbytes = sum(len(t.encode()) for t in texts)
-    files = write_text_files(texts, os.path.join(tmp, "txt"))
 
     t0 = time.perf_counter()
     spark = build_session(Config(master=args.master), "bench-count",
@@ -64,7 +62,7 @@ def main() -> None:
         s, wt = timed(lambda cfg=cfg: count_words(spark, cfg))
         ours.append(s)
         unique = wt.meta["unique_words"]
-        hf.append(timed(lambda: hf_train(files, 257, args.pattern))[0])
+        hf.append(timed(lambda: hf_train_rows(texts, 257, args.pattern))[0])
         rust.append(timed(lambda: rustbpe_train(texts, 257, args.pattern))[0])
         print(f"run {i + 1}: ours {ours[-1]:.1f} s, tokenizers {hf[-1]:.1f} s, "
               f"rustbpe {rust[-1]:.1f} s", flush=True)
@@ -79,7 +77,7 @@ def main() -> None:
     print("| word count stage | median | vs tokenizers | runs |")
     print("|---|---|---|---|")
     print(fmt_row("spark-bpe count_words", ours, ref))
-    print(fmt_row("HF tokenizers train(files), vocab 257", hf, ref))
+    print(fmt_row("HF tokenizers train_from_iterator(rows), vocab 257", hf, ref))
     print(fmt_row("rustbpe train_from_iterator, vocab 257", rust, ref))
     print(f"ours / rustbpe: {median(ours) / median(rust):.2f}x; "
           f"ours throughput {nbytes / 1e6 / median(ours):.1f} MB/s")

@@ -5,7 +5,7 @@
 
 Measured in one run, interleaved, medians:
 1. end to end: ``spark-submit jobs/train.py --input CORPUS`` (JVM + session start, count,
-   merges, outputs: the wall time a user waits) vs Hugging Face ``tokenizers`` ``train(files)``
+   merges, outputs: the wall time a user waits) vs Hugging Face ``tokenizers`` (rows)
    and rustbpe ``train_from_iterator`` at the same vocab size and split pattern;
 2. merge stage alone: our local engine on the word table vs tokenizers' merge stage (its
    full-vocab time minus its vocab-257 time, same run);
@@ -35,11 +35,10 @@ from bench_common import (  # noqa: E402
     REPO,
     corpus_texts,
     fmt_row,
-    hf_train,
+    hf_train_rows,
     median,
     rustbpe_train,
     timed,
-    write_text_files,
 )
 
 
@@ -70,49 +69,54 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench-train-")
     texts = corpus_texts(args.corpus)
     nbytes = sum(len(t.encode()) for t in texts)
-    files = write_text_files(texts, os.path.join(tmp, "txt"))
     V = args.vocab_size
 
-    # 1 + 2: end to end and merge stage, interleaved
-    ours, hf_full, hf_257, rust = [], [], [], []
-    for i in range(0 if args.merge_stage_only else args.repeat):
-        run = os.path.join(tmp, f"run-{i}")
-        ours.append(submit(["--input", args.corpus, "--output", run, "--vocab-size", str(V)],
-                           env))
-        hf_full.append(timed(lambda: hf_train(files, V))[0])
-        hf_257.append(timed(lambda: hf_train(files, 257))[0])
-        rust.append(timed(lambda: rustbpe_train(texts, V))[0])
-        print(f"run {i + 1}: ours {ours[-1]:.1f} s, tokenizers {hf_full[-1]:.1f} s "
-              f"(257: {hf_257[-1]:.1f} s), rustbpe {rust[-1]:.1f} s", flush=True)
-    if args.merge_stage_only:
-        words_dir = args.merge_stage_only
-        for _ in range(args.repeat):
-            hf_full.append(timed(lambda: hf_train(files, V))[0])
-            hf_257.append(timed(lambda: hf_train(files, 257))[0])
-    else:
-        stats = json.loads(Path(tmp, f"run-{args.repeat - 1}", "stats.json").read_text())
-        words_dir = os.path.join(tmp, "run-0", "words")
-
+    # 1 + 2: end to end and merge stage, interleaved: in every repetition ours (end to end,
+    # then the merge stage alone on the first run's word table), tokenizers, rustbpe
     import numpy as np
     import pyarrow.parquet as pq
 
     from pipeline.engines.local import LocalTrainer
 
-    table = pq.read_table(os.path.join(words_dir, "data")).sort_by("first_seen")
-    words = table.column("word").to_pylist()
-    counts = table.column("count").to_numpy()
-    lengths = np.array([len(w) for w in words])
-    flat = np.frombuffer(b"".join(words), dtype=np.uint8)
-    merge_times = []
-    for _ in range(args.repeat):
+    loaded: list = []
+    local_merges: list = []  # the local engine's merge list, for the Spark comparison
+
+    def our_merge_stage(words_dir: str) -> float:
+        if not loaded:
+            table = pq.read_table(os.path.join(words_dir, "data")).sort_by("first_seen")
+            words = table.column("word").to_pylist()
+            loaded[:] = [np.frombuffer(b"".join(words), dtype=np.uint8),
+                         np.array([len(w) for w in words]), table.column("count").to_numpy()]
+        flat, lengths, counts = loaded
         t0 = time.perf_counter()
         lt = LocalTrainer(flat, lengths, counts, [bytes([i]) for i in range(256)])
         lt.train(V - 257)
-        merge_times.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        local_merges[:] = lt.merges
+        return seconds
+
+    ours, hf_full, hf_257, rust, merge_times = [], [], [], [], []
+    words_dir = args.merge_stage_only or os.path.join(tmp, "run-0", "words")
+    for i in range(args.repeat):
+        if not args.merge_stage_only:
+            run = os.path.join(tmp, f"run-{i}")
+            ours.append(submit(["--input", args.corpus, "--output", run, "--vocab-size",
+                                str(V)], env))
+        merge_times.append(our_merge_stage(words_dir))
+        hf_full.append(timed(lambda: hf_train_rows(texts, V))[0])
+        hf_257.append(timed(lambda: hf_train_rows(texts, 257))[0])
+        if not args.merge_stage_only:
+            rust.append(timed(lambda: rustbpe_train(texts, V))[0])
+            print(f"run {i + 1}: ours {ours[-1]:.1f} s (merge stage {merge_times[-1]:.1f} s), "
+                  f"tokenizers {hf_full[-1]:.1f} s (257: {hf_257[-1]:.1f} s), rustbpe "
+                  f"{rust[-1]:.1f} s", flush=True)
+    if not args.merge_stage_only:
+        stats = json.loads(Path(tmp, f"run-{args.repeat - 1}", "stats.json").read_text())
+    n_merges = len(local_merges)
     hf_merge = [a - b for a, b in zip(hf_full, hf_257)]
     if args.merge_stage_only:
         print("\n| merge stage | median | vs tokenizers | runs |\n|---|---|---|---|")
-        print(fmt_row(f"spark-bpe local engine, {len(lt.merges)} merges", merge_times,
+        print(fmt_row(f"spark-bpe local engine, {n_merges} merges", merge_times,
                       median(hf_merge)))
         print(fmt_row("HF tokenizers (vocab V run minus vocab 257 run)", hf_merge,
                       median(hf_merge)))
@@ -125,11 +129,11 @@ def main() -> None:
           f"{os.cpu_count()} cores")
     print("\n| end to end | median | vs tokenizers | runs |\n|---|---|---|---|")
     print(fmt_row("spark-submit jobs/train.py (JVM start included)", ours, median(hf_full)))
-    print(fmt_row(f"HF tokenizers train(files), vocab {V}", hf_full, median(hf_full)))
+    print(fmt_row(f"HF tokenizers train_from_iterator(rows), vocab {V}", hf_full, median(hf_full)))
     print(fmt_row(f"rustbpe train_from_iterator, vocab {V}", rust, median(hf_full)))
     print(f"our last run's stages (s): {json.dumps(stats['stage_seconds'])}")
     print("\n| merge stage | median | vs tokenizers | runs |\n|---|---|---|---|")
-    print(fmt_row(f"spark-bpe local engine, {len(lt.merges)} merges", merge_times,
+    print(fmt_row(f"spark-bpe local engine, {n_merges} merges", merge_times,
                   median(hf_merge)))
     print(fmt_row("HF tokenizers (vocab V run minus vocab 257 run)", hf_merge, median(hf_merge)))
 
@@ -155,7 +159,7 @@ def main() -> None:
         spark_s = time.perf_counter() - t0
         st = res.stats
         spark.stop()
-        local_prefix = [(m.left, m.right) for m in lt.merges[: len(res.merges)]]
+        local_prefix = [(m.left, m.right) for m in local_merges[: len(res.merges)]]
         same = local_prefix == [(m.left, m.right) for m in res.merges]
         per_round = st["spark_seconds_per_round_median"]
         print(f"\nSpark engine forced, {len(res.merges)} merges: {st['spark_rounds']} rounds "

@@ -22,15 +22,6 @@ if [ "$(java_major)" -lt 17 ]; then
   fi
 fi
 
-# Optional: headless Chromium renders report.html in a test (skipped without it). Best effort.
-if ! command -v chromium-headless-shell >/dev/null 2>&1 && ! command -v chromium >/dev/null 2>&1 \
-    && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "setup: installing headless Chromium for the report rendering test" >&2
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends chromium-headless-shell fonts-dejavu-core >/dev/null; } \
-    || echo "setup: Chromium not installed; the report rendering test will be skipped" >&2
-fi
-
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -200,11 +200,65 @@ def shared_corpus(tmp_path_factory) -> Path:
 
 
 _REFERENCE: dict[tuple[str, int], Path] = {}
+_ORACLE: dict[str, tuple[int, list]] = {}  # corpus -> (merges asked, the oracle's merge list)
+
+
+def gpt2_spelling(token: bytes) -> str:
+    """GPT-2's byte-level spelling of a token (written here from GPT-2's definition): the
+    printable Latin-1 bytes stand for themselves, the others for chr(256), chr(257), ... in
+    byte order."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)}
+    others = iter(range(256, 512))
+    chars = {b: chr(b) if b in printable else chr(next(others)) for b in range(256)}
+    return "".join(chars[b] for b in token)
+
+
+def oracle_merges(corpus: Path, cfg) -> list:
+    """The merge list ``pipeline.bpe.train_oracle`` learns from a naive count of ``corpus``
+    (tests/naive_count.py; files sorted by path) with the run's settings: no counting or
+    training code in common with the pipeline's engines. Computed once per corpus for the
+    longest list asked (a shorter one is its prefix); about 2 s for 200 merges here."""
+    from pipeline.bpe import initial_words, train_oracle
+
+    from .naive_count import naive_count
+
+    assert cfg.alphabet == "bytes" and not cfg.num_merges, "the oracle here: bytes, vocab_size"
+    wanted = cfg.vocab_size - 256 - len(cfg.special_tokens)
+    asked, merges = _ORACLE.get(str(corpus), (0, []))
+    if asked < wanted:
+        files = sorted(corpus.glob("*.parquet"))
+        table = naive_count([pq.read_table(f).column(cfg.text_column).to_pylist()
+                             for f in files], cfg.pattern, cfg.special_tokens, cfg.lowercase,
+                            cfg.normalization, cfg.max_word_bytes)
+        words = table.order()
+        ids, base = initial_words(words)
+        merges = train_oracle(ids, [table.counts[w] for w in words], base.tokens, wanted,
+                              cfg.min_pair_count, cfg.max_token_bytes or None)
+        _ORACLE[str(corpus)] = (wanted, merges)
+    return merges[:wanted]
+
+
+def oracle_merges_txt(merges: list) -> str:
+    """merges.txt for a merge list: GPT-2 spellings, a repeated pair of spellings kept once."""
+    vocab = [bytes([b]) for b in range(256)]
+    lines, seen = ["#version: 0.2"], set()
+    for m in merges:
+        vocab.append(vocab[m.left] + vocab[m.right])
+        pair = f"{gpt2_spelling(vocab[m.left])} {gpt2_spelling(vocab[m.right])}"
+        if pair not in seen:
+            seen.add(pair)
+            lines.append(pair)
+    return "\n".join(lines) + "\n"
 
 
 def reference_run(spark, corpus: Path, vocab_size: int) -> Path:
     """An uninterrupted run in local mode (this process's local[2] session, driver engine),
-    with the same defaults as the jobs (conf/default.toml). The corpus is counted once."""
+    with the same defaults as the jobs (conf/default.toml). The corpus is counted once.
+
+    Its merge list is asserted equal to the oracle's (:func:`oracle_merges`), merges.txt to
+    the oracle's spelled independently: a test comparing a run's merges.txt with this one
+    compares it with the oracle's."""
     from pipeline.config import resolve, validate
     from pipeline.train import train
 
@@ -216,7 +270,14 @@ def reference_run(spark, corpus: Path, vocab_size: int) -> Path:
         src = ["--words", str(words)] if words.exists() else ["--input", str(corpus)]
         cfg = validate(resolve([*src, "--output", str(run), "--vocab-size", str(vocab_size),
                                 "--engine", "local", "--no-progress-bar"]), "train")
-        train(spark, cfg)
+        merges = train(spark, cfg).merges
+        expected = oracle_merges(corpus, cfg)
+        assert len(expected) == vocab_size - 256 - len(cfg.special_tokens), "out of pairs"
+        assert merges == expected, next(
+            f"the local engine's merge {i} is {got}, the oracle's {want}"
+            for i, (got, want) in enumerate(zip([*merges, None], [*expected, None]))
+            if got != want)
+        assert merges_txt(run) == oracle_merges_txt(expected)
         if not words.exists():
             (run / "words").rename(words)
         _REFERENCE[key] = run

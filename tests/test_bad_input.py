@@ -71,7 +71,8 @@ def test_pathological_rows_count_train_and_encode_in_seconds(spark, tmp_path):
     assert left["long_word_bytes"] == 1_999_999 + 20_000_000 + 5_000_000
     assert max(len(t) for t in run.merges and Tokenizer.load(str(tmp_path / "run")).vocab) \
         <= 1024
-    assert stats["stage_seconds"]["merges"] < 10 and stats["stage_seconds"]["report"] < 10
+    # linear time: seconds (a quadratic path on these rows takes hours; 11 s seen under load)
+    assert stats["stage_seconds"]["merges"] < 10 and stats["stage_seconds"]["report"] < 20
     tok = Tokenizer.load(str(tmp_path / "run"))
     for name, row in BAD_ROWS.items():
         t0 = time.time()

@@ -161,3 +161,15 @@ def test_oracle_equals_brute_force(occurrences, min_count):
     merges = train_oracle(ids, [counts[w] for w in words], base.tokens, 30, min_count)
     expected = brute_force_train([list(o.encode()) for o in occurrences], 256, 30, min_count)
     assert [(m.left, m.right, m.count) for m in merges] == expected
+
+
+def test_the_pure_modules_import_without_pyspark():
+    """What a user of a trained tokenizer imports (and the pure core) works without pyspark."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "check_imports_without_pyspark.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

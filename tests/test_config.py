@@ -26,7 +26,7 @@ def test_command_line_wins_over_files(tmp_path):
     assert c.vocab_size == 32768 and c.engine == "spark" and c.lowercase is False
     assert c.special_tokens == ["<a>", "<b>"]
     assert cfg("--num-merges", "10").vocab_size == 0
-    assert cfg("--words", "w").input == ""
+    assert cfg("--words", "w", "--output", "o").input == ""
 
 
 @pytest.mark.parametrize("argv,key", [
@@ -39,7 +39,7 @@ def test_command_line_wins_over_files(tmp_path):
     (["--alphabet", "words"], "alphabet"),
     (["--end-of-word-suffix", "</w>"], "end_of_word_suffix"),
     (["--min-pair-count", "0"], "min_pair_count"),
-    (["--input", "/definitely/not/here"], "input"),
+    (["--input", "/definitely/not/here", "--output", "o"], "input"),
     (["--resume", "maybe"], "resume"),
     (["--special-tokens", "<a>,<a>"], "special_tokens"),
 ])
@@ -57,7 +57,8 @@ def test_unknown_key_in_file(tmp_path):
 
 def test_input_xor_words():
     with pytest.raises(ConfigError, match="exactly one"):
-        validate(cfg("--words", "data/sample", "--input", "data/sample"), "train")
+        validate(cfg("--words", "data/sample", "--input", "data/sample", "--output", "o"),
+                 "train")
 
 
 def test_web_ui_defaults_to_on_for_clusters_only():
@@ -69,3 +70,53 @@ def test_web_ui_defaults_to_on_for_clusters_only():
     assert web_ui_enabled("on", "local[*]") and not web_ui_enabled("off", "yarn")
     with pytest.raises(ConfigError, match="spark_ui"):
         validate(cfg("--spark-ui", "maybe"), "train")
+
+
+def test_a_run_with_its_own_input_needs_its_own_output():
+    """A scheduled run that forgets --output must not write into the sample run."""
+    for argv in (["--input", "data/sample"], ["--words", "w"], ["--input-table", "t"]):
+        with pytest.raises(ConfigError, match="config key 'output': give --output"):
+            cfg(*argv)
+    assert cfg("--input", "data/sample", "--output", "x").output == "x"
+    assert cfg().output == "out/sample-run"  # the quick start itself
+
+
+def test_each_job_takes_its_own_flags_and_shows_defaults(capsys):
+    from pipeline.config import build_parser
+
+    encode = build_parser("encode", "encode").format_help()
+    train = build_parser("train", "train").format_help()
+    count = build_parser("count", "count").format_help()
+    assert "--vocab-size" not in encode and "--tokenizer" in encode
+    assert "--tokenizer" not in train and "--vocab-size" in train and "--words" in train
+    assert "--vocab-size" not in count and "--max-word-bytes" in count
+    assert "(default: 'auto'); one of auto, spark, local" in " ".join(train.split())
+    with pytest.raises(SystemExit) as ex:
+        resolve(["--vocab-size", "300", "--output", "o"], job="encode")
+    assert ex.value.code == 2 and "unrecognized arguments: --vocab-size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ex:
+        resolve(["--version"])
+    assert ex.value.code == 0 and capsys.readouterr().out.startswith("spark-bpe 0.")
+
+
+def test_defaults_live_in_one_place():
+    """conf/default.toml holds only the sample run's settings; every other default is in
+    Config; the cluster file names only known keys."""
+    from pipeline.config import DEFAULT_CONFIG, Config, load_toml
+
+    assert set(load_toml(DEFAULT_CONFIG)) == {"input", "output", "vocab_size"}
+    cluster = load_toml(DEFAULT_CONFIG.parent / "cluster.toml")
+    assert set(cluster) <= set(Config.__dataclass_fields__)
+    assert cluster["progress_bar"] is False and Config().progress_bar is True
+
+
+def test_input_weights_match_the_sources():
+    c = cfg("--input", "data/sample,data/sample", "--input-weights", "3,1", "--output", "o")
+    assert c.inputs == ["data/sample", "data/sample"] and c.input_weights == [3, 1]
+    validate(c, "train")
+    with pytest.raises(ConfigError, match="1 weights for 2 input sources"):
+        validate(cfg("--input", "data/sample,data/sample", "--input-weights", "3",
+                     "--output", "o"), "train")
+    with pytest.raises(ConfigError, match="integers >= 1"):
+        validate(cfg("--input", "data/sample", "--input-weights", "0", "--output", "o"),
+                 "train")

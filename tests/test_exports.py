@@ -25,13 +25,14 @@ from pipeline.outputs import (
     load_tiktoken,
     onig_pattern,
     write_exports,
+    write_run_json,
 )
 from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, count_files
 
-from .conftest import EN_DOCS, MULTILINGUAL, need_corpus
+from .conftest import EN_DOCS, MULTILINGUAL, need_corpus, need_module
 
-tiktoken = pytest.importorskip("tiktoken")
-hf_tokenizers = pytest.importorskip("tokenizers")
+tiktoken = need_module("tiktoken")
+hf_tokenizers = need_module("tokenizers")
 
 EOT = "<|endoftext|>"
 FIM = "<|fim_middle|>"
@@ -52,6 +53,7 @@ def train_in_memory(texts: list[str], run_dir: Path, pattern: str = "cl100k",
     merges = trainer.train(vocab_size - base.size - len(specials), min_pair_count)
     tok = TrainedTokenizer(base, list(merges), list(specials), pattern, lowercase, normalization)
     write_exports(str(run_dir), tok)
+    write_run_json(str(run_dir), {"merges": len(merges)})
     return tok
 
 
@@ -301,7 +303,7 @@ def test_gpt2_files_agree_with_tokenizer_json(small_run: Loaded):
 
 
 def test_transformers_loads_tokenizer_json(small_run: Loaded):
-    transformers = pytest.importorskip("transformers")
+    transformers = need_module("transformers")
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(small_run.dir /
                                                                    "tokenizer.json"))
     text = f"hello world {EOT} the fox"
@@ -321,6 +323,7 @@ def test_duplicate_token_keeps_first_id_everywhere(tmp_path):
     tok = TrainedTokenizer(bytes_vocab(), merges, [EOT], "cl100k")
     assert tok.duplicate_tokens() == [(259, 257)]
     notes = write_exports(str(tmp_path), tok)
+    write_run_json(str(tmp_path), {"merges": len(merges)})
     assert any("made by two merges" in n for n in notes)
     loaded = Loaded(tmp_path)
     assert json.loads((tmp_path / "vocab.json").read_text())["abc"] == 257
@@ -416,9 +419,19 @@ def test_unicode_version_caveat():
     around it splits differently. With every character known to Python's database (what the
     generated texts above use) the splits agree."""
     text = "K\U0009d4d1\xd4\x88\x0e\U000333df\xe2"
-    known = "".join(ch if unicodedata.category(ch) != "Cn" else "\u4e00" for ch in text)
+    unassigned = {ch for ch in text if unicodedata.category(ch) == "Cn"}  # to Python
+    known = "".join(ch if ch not in unassigned else "\u4e00" for ch in text)
     for pat in PATTERNS.values():
         assert findall_like_hf(pat, known) == regex.findall(pat, known)
+        hf, ours = findall_like_hf(pat, text), regex.findall(pat, text)
+        assert "".join(hf) == "".join(ours) == text  # the split covers the text either way
+        # where they differ, only at the edges of the recently assigned character: a piece
+        # boundary one split has and the other has not is where that character starts or ends
+        def cuts(pieces: list[str]) -> set[int]:
+            return {sum(map(len, pieces[:i])) for i in range(1, len(pieces))}
+
+        edges = {i + d for i, ch in enumerate(text) if ch in unassigned for d in (0, 1)}
+        assert cuts(hf) ^ cuts(ours) <= edges, (pat, hf, ours)
 
 
 def test_encoder_is_not_fooled_by_base_vocab_change():
@@ -428,3 +441,30 @@ def test_encoder_is_not_fooled_by_base_vocab_change():
     tok = Tokenizer(base, merges, [], PretokenizerSpec("none"))
     assert tok.canon == [0, 1, 2, 3, 4]
     assert tok.encode("ab") == [4] and tok.decode([4]) == "ab"
+
+
+def test_readers_refuse_a_run_directory_that_is_not_complete(tmp_path):
+    """Tokenizer.load and load_tiktoken read only a complete run: run.json present, valid, and
+    the files the same ones the run finished with (their SHA-256 in run.json)."""
+    from pipeline.outputs import IncompleteRun
+
+    train_in_memory(["the cat sat on the mat"] * 5, tmp_path, "cl100k", 270, ())
+    assert Tokenizer.load(str(tmp_path)).encode("the cat") and load_tiktoken(str(tmp_path))
+    run_json = (tmp_path / "run.json").read_text()
+    (tmp_path / "run.json").unlink()  # a rerun in progress, or killed before publishing
+    with pytest.raises(EncodeError, match="not a complete run .no run.json"):
+        Tokenizer.load(str(tmp_path))
+    with pytest.raises(IncompleteRun, match="not a complete run"):
+        load_tiktoken(str(tmp_path))
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(EncodeError, match="run.json is corrupt"):
+        Tokenizer.load(str(tmp_path))
+    (tmp_path / "run.json").write_text(run_json)
+    meta = json.loads((tmp_path / "tokenizer_meta.json").read_text())
+    meta["merges"] = meta["merges"][:-1]  # another run's file next to this run.json
+    (tmp_path / "tokenizer_meta.json").write_text(json.dumps(meta))
+    with pytest.raises(EncodeError, match="tokenizer_meta.json is not the file its run"):
+        Tokenizer.load(str(tmp_path))
+    (tmp_path / "tokenizer.tiktoken").write_text("")
+    with pytest.raises(IncompleteRun, match="tokenizer.tiktoken is not the file its run"):
+        load_tiktoken(str(tmp_path))

@@ -15,16 +15,18 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.bpe import Merge
-from pipeline.checkpoint import Checkpointer, fingerprint_of, parse, render
+from pipeline.checkpoint import Checkpointer, fingerprint_of, parse_full, render
 from pipeline.config import ConfigError
 
 from .sparkjobs import (
+    TRAIN,
     ProcGroup,
     checkpoints,
     job_env,
@@ -71,7 +73,8 @@ def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, c
     text = (tmp_path / "merges-000000040.txt").read_text()
     assert text.startswith("#spark-bpe merges checkpoint v2\n#fingerprint ")
     assert text.splitlines()[-1].startswith("#sha256 ")
-    assert parse(text, 256) == (fp, _merges(40), list(range(40)))
+    got_fp, _, got_merges, got_removed = parse_full(text, 256)
+    assert (got_fp, got_merges, got_removed) == (fp, _merges(40), list(range(40)))
     assert render(_merges(40), list(range(40)), fp, settings) == text
     assert not list(tmp_path.glob(".tmp-*"))  # written beside, then renamed
 
@@ -367,6 +370,53 @@ def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path
                     last), last
     assert "Traceback" in p.out()  # the details are in the log
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["spark-submit", "python"])
+def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corpus, tmp_path,
+                                                                     procs, launcher):
+    """A scheduler cancelling the job sends SIGTERM to what it started: spark-submit (the
+    JVM, which runs the Python driver as its child) or a plain ``python jobs/train.py``.
+    Either way: exit 143, the last line says so, no process of the job is left behind, the
+    lease is released, the checkpoint is valid and the same command resumes from it."""
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
+            "--engine", "local", "--checkpoint-every-merges", "20"]
+
+    def start(name: str, vocab: int, **env: str) -> ProcGroup:
+        if launcher == "spark-submit":
+            p = submit([*args, "--vocab-size", str(vocab)], tmp_path, name, env=job_env(**env))
+        else:
+            p = ProcGroup([sys.executable, TRAIN, "--master", "local[2]", "--no-progress-bar",
+                           *args, "--vocab-size", str(vocab)], tmp_path, name,
+                          env=job_env(**env))
+        procs.append(p)
+        return p
+
+    p = start("first", 257 + 100)
+    assert p.wait(180) == 0, p.tail()
+    p = start("terminated", VOCAB, SPARK_BPE_INJECT="merges=pause:60")
+    p.wait_until(lambda: "merges: started" in p.log(), 120, "the merge stage")
+    os.kill(p.proc.pid, signal.SIGTERM)  # the launcher only, as a scheduler does
+    assert p.wait(60) == 143, p.tail()
+    # under spark-submit the driver's two streams arrive merged on stdout; else on stderr
+    last = p.last_line() if launcher == "spark-submit" else p.err().strip().splitlines()[-1]
+    assert last == "error: train terminated (SIGTERM); rerun the same command to resume", \
+        p.tail()
+    deadline = time.time() + 20
+    while p.members() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not p.members(), f"left running: {p.members()}"
+    assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
+    assert not (run / ".lease.json").exists()
+
+    p = start("resumed", VOCAB)
+    assert p.wait(180) == 0, p.tail()
+    assert resumed_from(p.log()) == 100
+    assert merges_txt(run) == merges_txt(ref)
 
 
 @pytest.mark.spark

@@ -41,10 +41,10 @@ from pipeline.encoder import (
 )
 from pipeline.pretokenize import ASCII_PATTERNS, PATTERNS, Pretokenizer, PretokenizerSpec
 
-from .conftest import EN_DOCS
+from .conftest import EN_DOCS, need_module
 from .test_exports import EOT, corpus_rows, train_in_memory
 
-tiktoken = pytest.importorskip("tiktoken")
+tiktoken = need_module("tiktoken")
 
 PUNCT = "!?.,;:-_()[]{}"
 

@@ -7,7 +7,6 @@ import contextlib
 import importlib.util
 from pathlib import Path
 
-import pytest
 import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,12 +19,13 @@ from pipeline.pretokenize import (
     WordCounter,
 )
 
+from .conftest import need
+
 
 def tiktoken_source_patterns() -> dict[str, str]:
     """The pat_str values in tiktoken_ext/openai_public.py, read without downloading anything."""
     spec = importlib.util.find_spec("tiktoken_ext.openai_public")
-    if spec is None or spec.origin is None:
-        pytest.skip("tiktoken is not installed")
+    need(spec is not None and spec.origin is not None, "tiktoken is not installed")
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     found: dict[str, str] = {}
     for node in ast.walk(tree):
@@ -62,7 +62,7 @@ def test_special_tokens_are_cut_out_and_never_spanned():
     pre = Pretokenizer(PretokenizerSpec("gpt2", ("<|endoftext|>", "<|end|>")))
     words = pre.words("hello<|endoftext|> world<|end|>!")
     assert words == ["hello", " world", "!"]
-    assert pre.count_specials("a<|end|>b<|endoftext|>") == 2
+    assert pre.chunks("a<|end|>b<|endoftext|>") == ["a", "b"]
 
 
 def test_none_pattern_and_normalization():
@@ -103,7 +103,8 @@ def test_word_counter_matches_a_naive_scan(rows, extra):
             counts[w] = counts.get(w, 0) + 1
             order.setdefault(w, len(order))
     assert wc.counts == counts
-    assert sorted(wc.first, key=wc.first.__getitem__) == list(order)
+    first = dict(zip(wc.counts, zip(wc.first_file, wc.first_row, wc.first_rank)))
+    assert sorted(first, key=first.__getitem__) == list(order)
     assert wc.stats.words == sum(counts.values())
     assert wc.stats.special_tokens == specials
 

@@ -31,7 +31,7 @@ from pipeline.report import (
     write_report,
 )
 
-from .conftest import MULTILINGUAL, REPO
+from .conftest import MULTILINGUAL, REPO, need
 from .test_exports import EOT, corpus_rows, train_in_memory
 
 
@@ -140,8 +140,7 @@ def test_write_report_through_spark(spark, trained, tmp_path):
 def test_report_renders_without_sideways_scrolling(trained, tmp_path):
     mod = _load_render_script()
     binary = mod.find_chromium()
-    if binary is None:
-        pytest.skip("no Chromium (apt-get install chromium-headless-shell)")
+    need(binary is not None, "no Chromium (bash scripts/setup_tests.sh installs it)")
     tok, texts, held, total, d = trained
     left = [total - i for i in range(1, len(tok.merges) + 1)]
     page = render_report(tok, left, total, total, measure_sample(tok, held, "held out", True))

@@ -166,13 +166,15 @@ def test_seed_examples_through_the_job(tmp_path):
         (" ", "b", "3", "36"), (" b", "ake", "3", "33")]
 
 
-def test_job_errors_and_rerun(tmp_path):
-    r = run_job("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "x"))
-    assert r.returncode == 2 and "path does not exist" in r.stderr
-    r = run_job("--vocab-size", "100", "--output", str(tmp_path / "x"))
-    assert r.returncode == 2 and "vocab_size" in r.stderr
-    r = run_job("--engine", "fast", "--output", str(tmp_path / "x"))
-    assert r.returncode == 2 and "'engine'" in r.stderr
+def test_job_config_errors_are_one_line_and_write_nothing(tmp_path):
+    """(Reruns: test_faults.test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops.)"""
+    for args, expected in [(["--input", str(tmp_path / "nope")], "path does not exist"),
+                           (["--vocab-size", "100"], "vocab_size"),
+                           (["--engine", "fast"], "'engine'")]:
+        r = run_job(*args, "--output", str(tmp_path / "x"))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: config key") and expected in last, last
     assert not (tmp_path / "x").exists()
 
 

@@ -1,4 +1,5 @@
-"""The Spark word-count stage against the single-process reference, and its error handling."""
+"""The Spark word-count stage against a naive counter (tests/naive_count.py: no code in common
+with the pipeline's counting), and its error handling."""
 
 from __future__ import annotations
 
@@ -10,22 +11,32 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from chispa import assert_df_equality
 
 from pipeline.config import Config, ConfigError
 from pipeline.count import word_count
-from pipeline.count.word_count import WORD_TABLE_SCHEMA, count_words
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
+from pipeline.count.word_count import count_words
 
 from .conftest import REPO, SAMPLE
+from .naive_count import NaiveTable, naive_count, word_table_differences
 
 pytestmark = pytest.mark.spark
 
 
-def reference_table(spark, files: list[str], column: str, spec: PretokenizerSpec):
-    rows = [(i, pq.read_table(f).column(column).to_pylist()) for i, f in enumerate(sorted(files))]
-    table, stats = count_files(Pretokenizer(spec), rows)
-    return spark.createDataFrame(table, WORD_TABLE_SCHEMA), stats
+def naive_count_of(corpus, column: str = "text", **settings) -> NaiveTable:
+    """The naive count of a corpus directory: its Parquet files sorted by path."""
+    files = sorted(str(p) for p in corpus.glob("*.parquet"))
+    return naive_count([pq.read_table(f).column(column).to_pylist() for f in files], **settings)
+
+
+def assert_word_table(out, naive: NaiveTable, dense: bool | None = None) -> None:
+    """The word table written to ``out`` (WORDS_DIR) equals the naive count: its schema, the
+    words and counts, the order of first_seen and its exact values (packed, or dense)."""
+    table = pq.read_table(out / "data")
+    assert table.schema.names == ["word", "count", "first_seen"]
+    assert [str(t) for t in table.schema.types] == ["binary", "int64", "int64"]
+    rows = zip(*(table.column(c).to_pylist() for c in table.schema.names))
+    problems = word_table_differences(rows, naive, dense)
+    assert not problems, "\n".join(problems)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +56,11 @@ def mixed_corpus(tmp_path_factory):
     return d
 
 
-SPEC = PretokenizerSpec("cl100k", ("<|endoftext|>",))
+@pytest.fixture(scope="module")
+def naive_mixed(mixed_corpus) -> NaiveTable:
+    table = naive_count_of(mixed_corpus, pattern="cl100k", special_tokens=["<|endoftext|>"])
+    assert table.bit_widths() == (2, 9, 7)  # 3 files, rows 0..499, up to 98 words in a row
+    return table
 
 
 # count_on_driver_max_mb: 256 merges the tasks' partial counts on the driver (this corpus is
@@ -53,25 +68,21 @@ SPEC = PretokenizerSpec("cl100k", ("<|endoftext|>",))
 @pytest.mark.parametrize("reader", ["arrow", "spark"])
 @pytest.mark.parametrize("on_driver_mb", [256, 0])
 @pytest.mark.parametrize("partitions", [1, 3, 17])
-def test_word_table_equals_reference(spark, mixed_corpus, tmp_path, partitions, on_driver_mb,
-                                     reader):
+def test_word_table_equals_the_naive_count(spark, mixed_corpus, naive_mixed, tmp_path,
+                                           partitions, on_driver_mb, reader):
     out = tmp_path / "words"
     cfg = Config(input=str(mixed_corpus), output=str(out), special_tokens=["<|endoftext|>"],
                  num_partitions=partitions, count_on_driver_max_mb=on_driver_mb,
                  count_reader=reader)
     count_words(spark, cfg)
-    got = spark.read.parquet(str(out / "data"))
-    expected, stats = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
-                                      "text", SPEC)
-    assert_df_equality(got, expected, ignore_row_order=True, ignore_nullable=True)
+    assert_word_table(out, naive_mixed)
     saved = json.loads((out / "stats.json").read_text())
-    for k, v in stats.as_dict().items():
-        assert saved[k] == v, k
+    assert {k: saved[k] for k in naive_mixed.stats} == naive_mixed.stats
     assert saved["null_rows"] > 0 and saved["empty_rows"] > 0 and saved["special_tokens"] > 0
 
 
 @pytest.mark.parametrize("on_driver_mb", [256, 0])
-def test_word_table_with_split_files(spark, mixed_corpus, tmp_path, on_driver_mb):
+def test_word_table_with_split_files(spark, mixed_corpus, naive_mixed, tmp_path, on_driver_mb):
     """Spark's own file splitting (row groups of one file in different tasks) changes nothing."""
     spark.conf.set("spark.sql.files.maxPartitionBytes", "4096")
     try:
@@ -81,27 +92,35 @@ def test_word_table_with_split_files(spark, mixed_corpus, tmp_path, on_driver_mb
                                   count_on_driver_max_mb=on_driver_mb))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
-    expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
-                                  "text", SPEC)
-    assert_df_equality(spark.read.parquet(str(out / "data")), expected, ignore_row_order=True,
-                       ignore_nullable=True)
+    assert_word_table(out, naive_mixed)
 
 
 @pytest.mark.parametrize(("on_driver_mb", "reader"), [(256, "arrow"), (0, "arrow"), (0, "spark")])
-def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, tmp_path,
-                                                           monkeypatch, on_driver_mb, reader):
+def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, naive_mixed,
+                                                           tmp_path, monkeypatch, on_driver_mb,
+                                                           reader):
     """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order."""
-    expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
-                                  "text", SPEC)
-    order = [bytes(r["word"]) for r in expected.orderBy("first_seen").collect()]
     monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"],
                               count_on_driver_max_mb=on_driver_mb, count_reader=reader))
-    got = spark.read.parquet(str(out / "data")).orderBy("first_seen").collect()
-    assert [r["first_seen"] for r in got] == list(range(len(order)))
-    assert [bytes(r["word"]) for r in got] == order
+    assert_word_table(out, naive_mixed, dense=True)
+
+
+@pytest.mark.parametrize("on_driver_mb", [256, 0])
+def test_long_words_are_left_out_in_their_places(spark, mixed_corpus, tmp_path, on_driver_mb):
+    """Words over max_word_bytes are not in the table but keep their ranks: first_seen of the
+    others, and the bit widths, are as if they were there."""
+    out = tmp_path / "words"
+    count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                              special_tokens=["<|endoftext|>"], max_word_bytes=6,
+                              count_on_driver_max_mb=on_driver_mb))
+    naive = naive_count_of(mixed_corpus, special_tokens=["<|endoftext|>"], max_word_bytes=6)
+    assert naive.stats["long_words"] > 1000
+    assert_word_table(out, naive)
+    saved = json.loads((out / "stats.json").read_text())
+    assert {k: saved[k] for k in naive.stats} == naive.stats
 
 
 @pytest.mark.parametrize("reader", ["arrow", "spark"])
@@ -118,6 +137,9 @@ def test_binary_column_with_invalid_utf8(spark, tmp_path, reader):
     words = {bytes(r["word"]): r["count"] for r in spark.read.parquet(str(out / "data")).collect()}
     assert words[b" \xff\xfe"] == 1  # kept byte-exact, not replaced
     assert sum(len(w) * c for w, c in words.items()) == sum(len(v or b"") for v in values)
+    naive = naive_count([values])
+    assert_word_table(out, naive)
+    assert {k: stats[k] for k in naive.stats} == naive.stats
 
 
 def test_bad_inputs_fail_clearly(spark, tmp_path):
@@ -161,7 +183,8 @@ def test_count_job_exit_codes(tmp_path):
 
 
 def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixed_corpus,
-                                                                      tmp_path, monkeypatch):
+                                                                      naive_mixed, tmp_path,
+                                                                      monkeypatch):
     def too_big(*args):
         raise RuntimeError("Total size of serialized results is bigger than "
                            "spark.driver.maxResultSize (1024.0 MiB)")
@@ -170,10 +193,7 @@ def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixe
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"]))
-    expected, _ = reference_table(spark, [str(p) for p in mixed_corpus.glob("*.parquet")],
-                                  "text", SPEC)
-    assert_df_equality(spark.read.parquet(str(out / "data")), expected, ignore_row_order=True,
-                       ignore_nullable=True)
+    assert_word_table(out, naive_mixed)
 
 
 def test_local_listing_matches_sparks(spark, mixed_corpus, tmp_path):

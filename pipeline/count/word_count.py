@@ -13,6 +13,7 @@ word table does not depend on partitioning (DESIGN.md section 1).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import heapq
 import json
@@ -22,14 +23,15 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -59,7 +61,7 @@ WORD_TABLE_SCHEMA = T.StructType(
     ]
 )
 _PARTIAL_SCHEMA = (
-    "kind byte, word binary, count long, file int, row long, rank int"
+    "kind byte, word binary, count long, file int, block long, row long, rank int"
 )
 KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
 UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
@@ -74,35 +76,12 @@ def normalize_path(path: str) -> str:
 
 def read_corpus(spark: SparkSession, path: str, text_column: str,
                 ignore_corrupt: bool = False) -> tuple[DataFrame, list[str]]:
-    """The corpus as (text, file index, row index), and its files in corpus (path) order.
-    ``ignore_corrupt``: Spark's own ``spark.sql.files.ignoreCorruptFiles`` for this scan."""
+    """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
+    job's input). ``ignore_corrupt``: Spark's own ``spark.sql.files.ignoreCorruptFiles``."""
     if ignore_corrupt:
         spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
-    try:
-        df = spark.read.parquet(path)
-    except AnalysisException as exc:
-        msg = str(exc).splitlines()[0]
-        if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
-            raise ConfigError(f"config key 'input': path does not exist: {path}") from None
-        raise ConfigError(f"config key 'input': cannot read Parquet at {path}: {msg}") from None
-    except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
-        named = _unreadable_file_error(exc)
-        if named is not None:
-            raise named from None
-        raise ConfigError(f"config key 'input': cannot read Parquet at {path}: "
-                          f"{_first_line(exc)}") from None
-    if text_column not in df.columns:
-        raise ConfigError(
-            f"config key 'text_column': column {text_column!r} not in {path} "
-            f"(columns: {', '.join(df.columns)})"
-        )
-    dtype = df.schema[text_column].dataType
-    if not isinstance(dtype, (T.StringType, T.BinaryType)):
-        raise ConfigError(
-            f"config key 'text_column': column {text_column!r} is {dtype.simpleString()}, "
-            "not string or binary"
-        )
-    files = sorted({normalize_path(f) for f in df.inputFiles()})
+    cfg = Config(input=path, text_column=text_column)
+    df, files, _, _ = _read_source(spark, cfg, path, None)
     if not files:
         raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
     return df, files
@@ -168,32 +147,45 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[str, int], max_word_bytes: int):
-    """The Spark-reader task: rows arrive from Spark's Parquet scan as Arrow batches of
-    (text, path, row index)."""
+def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str], int],
+                        weights: list[int], max_word_bytes: int):
+    """The Spark-reader task: rows arrive from Spark's scan as Arrow batches of (text, source,
+    path, block, row). Parquet gives each row's index in its file (block 0); other formats
+    only the byte offset where the file's split starts, so a row is numbered within its split,
+    which one task reads in order: (file, block, row) is then still the corpus order."""
 
     def count_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pre = Pretokenizer(spec)
-        counters: dict[int, WordCounter] = {}
+        counters: dict[tuple[int, int], WordCounter] = {}
         for batch in batches:
             texts = batch.column(0).to_pylist()
-            paths = batch.column(1)
-            rows = batch.column(2).to_pylist()
-            # paths are long runs of one value: resolve each run once
-            run_ends = _run_ends(paths)
+            sources = batch.column(1).to_pylist()
+            paths = batch.column(2)
+            blocks = batch.column(3).to_pylist()
+            rows = batch.column(4).to_pylist()
+            # (source, path, block) come in long runs: resolve each run once
+            ends = sorted(set(_run_ends(batch.column(1))) | set(_run_ends(paths))
+                          | set(_run_ends(batch.column(3))))
             start = 0
-            for end in run_ends:
-                fidx = file_index[normalize_path(paths[start].as_py())]
-                wc = counters.get(fidx)
+            for end in ends:
+                fidx = file_index[(sources[start], normalize_path(paths[start].as_py()))]
+                block = blocks[start] or 0
+                wc = counters.get((fidx, block))
                 if wc is None:
-                    wc = counters[fidx] = WordCounter(pre, fidx, max_word_bytes=max_word_bytes)
+                    wc = counters[(fidx, block)] = WordCounter(pre, fidx,
+                                                               max_word_bytes=max_word_bytes)
                 add = wc.add_row
                 for i in range(start, end):
-                    add(rows[i], texts[i])
+                    row = rows[i]
+                    add(wc.stats.rows if row is None else row, texts[i])
                 start = end
         # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark
-        yield from _partial_batches(counters.values(), {f"file_rows:{i}": wc.stats.rows
-                                                        for i, wc in counters.items()})
+        file_rows: dict[str, int] = {}
+        for (fidx, _), wc in counters.items():
+            key = f"file_rows:{fidx}"
+            file_rows[key] = file_rows.get(key, 0) + wc.stats.rows
+        yield from _partial_batches([(wc, block, weights[fidx])
+                                     for (fidx, block), wc in counters.items()], file_rows)
 
     return count_partition
 
@@ -240,16 +232,21 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
 
 
 def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice],
-                  max_word_bytes: int = 0, ignore_corrupt: bool = False
-                  ) -> Iterator[pa.RecordBatch]:
-    """The Arrow-reader task: read these row groups with pyarrow and count their words."""
-    # one counter: the slices come in corpus order
-    wc = WordCounter(Pretokenizer(spec), max_word_bytes=max_word_bytes)
-    add = wc.add_row
+                  max_word_bytes: int = 0, ignore_corrupt: bool = False,
+                  weights: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+    """The Arrow-reader task: read these row groups with pyarrow and count their words. One
+    counter per source weight (the slices come in corpus order)."""
+    pre = Pretokenizer(spec)
+    counters: dict[int, WordCounter] = {}
     unreadable: set[int] = set()
     for s in slices:
         if s.file_index in unreadable:
             continue
+        weight = weights[s.file_index] if weights else 1
+        wc = counters.get(weight)
+        if wc is None:
+            wc = counters[weight] = WordCounter(pre, max_word_bytes=max_word_bytes)
+        add = wc.add_row
         wc.file_index = s.file_index
         row = s.first_row
         try:
@@ -263,12 +260,14 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
             if not ignore_corrupt:  # the driver turns this into one line naming the file
                 raise RuntimeError(f"{UNREADABLE} {s.path} :: {_first_line(exc)}") from None
             unreadable.add(s.file_index)  # what was read is kept, as Spark does
-    yield from _partial_batches([wc], {f"skipped_file:{i}": 1 for i in unreadable})
+    yield from _partial_batches([(wc, 0, w) for w, wc in counters.items()],
+                                {f"skipped_file:{i}": 1 for i in unreadable})
 
 
 PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
                                   ("count", pa.int64()), ("file", pa.int32()),
-                                  ("row", pa.int64()), ("rank", pa.int32())])
+                                  ("block", pa.int64()), ("row", pa.int64()),
+                                  ("rank", pa.int32())])
 
 
 def _arrow_ipc(batches: Iterator[pa.RecordBatch]) -> bytes:
@@ -279,19 +278,24 @@ def _arrow_ipc(batches: Iterator[pa.RecordBatch]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _partial_batches(counters: Iterable[WordCounter], extra: dict[str, int] | None = None
+Counted = tuple[WordCounter, int, int]  # a counter, its block (0: rows indexed per file), weight
+
+
+def _partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = None
                      ) -> Iterator[pa.RecordBatch]:
-    """A task's output: each file's words, then one batch of summed and maximal statistics
-    (``extra``: more summed statistics, by name)."""
+    """A task's output: each counter's words (counts times their source's weight; first
+    occurrences keyed (file, block, row, rank)), then one batch of summed and maximal
+    statistics (``extra``: more summed statistics, by name)."""
     total = RowStats()
-    maxima = {"max_row": 0, "max_rank": 0}
-    for wc in counters:
+    maxima = {"max_row": 0, "max_rank": 0, "max_block": 0}
+    for wc, block, weight in counters:
         if wc.counts:
-            yield _word_batch(wc)
+            yield _word_batch(wc, block, weight)
         for k, v in wc.stats.as_dict().items():
             setattr(total, k, getattr(total, k) + v)
         maxima["max_row"] = max(maxima["max_row"], wc.max_row)
         maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
+        maxima["max_block"] = max(maxima["max_block"], block)
     stats = {**total.as_dict(), **(extra or {})}
     kinds = [KIND_STAT] * len(stats) + [KIND_MAX] * len(maxima)
     names = list(stats) + list(maxima)
@@ -300,7 +304,8 @@ def _partial_batches(counters: Iterable[WordCounter], extra: dict[str, int] | No
     yield pa.RecordBatch.from_arrays(
         [pa.array(kinds, pa.int8()), pa.array([k.encode() for k in names], pa.binary()),
          pa.array(values, pa.int64()), pa.array([0] * n, pa.int32()),
-         pa.array([0] * n, pa.int64()), pa.array([0] * n, pa.int32())],
+         pa.array([0] * n, pa.int64()), pa.array([0] * n, pa.int64()),
+         pa.array([0] * n, pa.int32())],
         schema=PARTIAL_ARROW_SCHEMA,
     )
 
@@ -313,9 +318,12 @@ def _run_ends(values: pa.Array) -> list[int]:
     return ree.run_ends.to_pylist()
 
 
-def _word_batch(wc: WordCounter) -> pa.RecordBatch:
+def _word_batch(wc: WordCounter, block: int = 0, weight: int = 1) -> pa.RecordBatch:
     words = list(wc.counts)
     n = len(words)
+    counts = np.fromiter(wc.counts.values(), dtype=np.int64, count=n)
+    if weight != 1:
+        counts *= weight
     if wc.stats.invalid_utf8_rows:  # lone surrogates stand for raw bytes: encode in Python
         word_col = pa.array([w.encode("utf-8", "surrogateescape") for w in words], pa.binary())
     else:  # Arrow encodes the UTF-8 in C; a string buffer is already the binary layout
@@ -324,8 +332,9 @@ def _word_batch(wc: WordCounter) -> pa.RecordBatch:
         [
             pa.array(np.full(n, KIND_WORD, dtype=np.int8)),
             word_col,
-            pa.array(list(wc.counts.values()), pa.int64()),
+            pa.array(counts, pa.int64()),
             pa.array(wc.first_file, pa.int32()),
+            pa.array(np.full(n, block, dtype=np.int64)),
             pa.array(wc.first_row, pa.int64()),
             pa.array(wc.first_rank, pa.int32()),
         ],
@@ -384,7 +393,7 @@ def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
         .agg(
             F.sum("count").alias("count"),
             F.max("count").alias("max"),
-            F.min(F.struct("file", "row", "rank")).alias("first"),
+            F.min(F.struct("file", "block", "row", "rank")).alias("first"),
         )
         .persist()
     )
@@ -400,7 +409,7 @@ def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
              for r in summary if r["kind"] != KIND_WORD}
     unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
     words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
-    layout = FirstSeenLayout.fit(n_files, stats.pop("max_row", 0), stats.pop("max_rank", 0))
+    layout = _layout(stats, n_files)
     if layout is not None:  # pack (file, row, rank): order-preserving, no global sort needed
         table = words.select(
             "word", "count",
@@ -413,6 +422,15 @@ def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
     table.write.parquet(fsutil.join(tmp, "data"))
     agg.unpersist()
     return stats, unique_words, t_count
+
+
+def _layout(stats: dict[str, int], n_files: int) -> FirstSeenLayout | None:
+    """The packing of first keys (pops the maxima from ``stats``); None (dense ranks) when it
+    needs more than 63 bits, or when rows are numbered within file splits (not Parquet)."""
+    max_row, max_rank = stats.pop("max_row", 0), stats.pop("max_rank", 0)
+    if stats.pop("max_block", 0):
+        return None
+    return FirstSeenLayout.fit(n_files, max_row, max_rank)
 
 
 def merge_partials(partial: pa.Table, n_files: int) -> tuple[pa.Table, dict[str, int]]:
@@ -441,10 +459,11 @@ def merge_partials(partial: pa.Table, n_files: int) -> tuple[pa.Table, dict[str,
     if n:  # exact int64 sums (np.bincount would go through float64)
         starts = np.flatnonzero(np.r_[True, np.diff(word_id[by_word]) != 0])
         totals = np.add.reduceat(count[by_word], starts)
-    by_key = np.lexsort((rank, row, file))  # rows in order of their first key
+    block = words.column("block").to_numpy()
+    by_key = np.lexsort((rank, row, block, file))  # rows in order of their first key
     _, first_at = np.unique(word_id[by_key], return_index=True)
-    rep = by_key[first_at]  # each word's row with the smallest (file, row, rank)
-    layout = FirstSeenLayout.fit(n_files, stats.pop("max_row", 0), stats.pop("max_rank", 0))
+    rep = by_key[first_at]  # each word's row with the smallest (file, block, row, rank)
+    layout = _layout(stats, n_files)
     if layout is not None:
         first_seen = ((file[rep] << (layout.row_bits + layout.rank_bits))
                       | (row[rep] << layout.rank_bits) | rank[rep])
@@ -487,7 +506,10 @@ def _input_megabytes(spark: SparkSession, files: list[str]) -> float | None:
     """Size of the input files in MB, or None when listing sizes would take long (many files
     on a remote filesystem)."""
     if all(fsutil.is_local(f) for f in files):
-        return sum(os.path.getsize(fsutil.local_path(f)) for f in files) / 1e6
+        try:
+            return sum(os.path.getsize(fsutil.local_path(f)) for f in files) / 1e6
+        except OSError:  # not files (a DataFrame): merged by Spark
+            return None
     if len(files) > 200:
         return None
     total = 0
@@ -505,6 +527,41 @@ def _write_table(spark: SparkSession, table: pa.Table, path: str) -> None:
         pq.write_table(table, os.path.join(local, "part-00000.parquet"))
     else:
         spark.createDataFrame(table).write.parquet(path)
+
+
+def collect_arrow(df: DataFrame) -> pa.Table:
+    """``df`` on the driver as one Arrow table, brought over one partition at a time: the
+    driver JVM holds one partition's rows at once, never the whole table (``toArrow`` and
+    ``collect`` gather every partition in the JVM heap first, which is what ran a 1 GB default
+    driver out of memory on a 6 M-word table)."""
+
+    def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            if b.num_rows:
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, b.schema) as writer:
+                    writer.write_batch(b)
+                yield pa.RecordBatch.from_arrays([pa.array([sink.getvalue().to_pybytes()],
+                                                           pa.binary())], ["ipc"])
+
+    batches = [b for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(
+               prefetchPartitions=True) for b in pa.ipc.open_stream(row["ipc"])]
+    return pa.Table.from_batches(batches) if batches else df.limit(0).toArrow()
+
+
+def read_word_table(spark: SparkSession, wt: WordTable,
+                    columns: Sequence[str] = ("word", "count", "first_seen")) -> pa.Table:
+    """The word table's rows on the driver, sorted by first_seen: read with pyarrow when it is
+    on a local filesystem (no JVM involved), else through Spark a partition at a time."""
+    if fsutil.is_local(wt.data_path):
+        local = fsutil.local_path(wt.data_path)
+        files = sorted(os.path.join(local, f) for f in os.listdir(local)
+                       if f.endswith(".parquet") and not f.startswith((".", "_")))
+        table = pa.concat_tables([pq.read_table(f, columns=list(columns)) for f in files]) \
+            if files else collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
+    else:
+        table = collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
+    return table.sort_by("first_seen") if "first_seen" in columns else table
 
 
 @dataclass
@@ -543,6 +600,134 @@ def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thre
     return thread
 
 
+@dataclass
+class Corpus:
+    """What the count reads, in corpus order: the sources in the order given (``input``
+    split at commas, or the one table or DataFrame), the files of each source by path.
+    ``keys[i]`` is file i's (source index, path); ``weights[i]`` its source's weight."""
+
+    files: list[str]
+    keys: list[tuple[int, str]]
+    weights: list[int]
+    df: DataFrame | None = None  # Spark's reader: (text, source, path, block, row)
+    footers: dict[str, pq.FileMetaData] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _source_weights(cfg: Config, n: int) -> list[int]:
+    return list(cfg.input_weights) if cfg.input_weights else [1] * n
+
+
+def list_local_sources(cfg: Config, footers: dict[str, pq.FileMetaData],
+                       skipped: list[str] | None) -> Corpus | None:
+    """The corpus listed without the JVM: local Parquet sources only (else None)."""
+    if cfg.count_reader == "spark" or cfg.input_format != "parquet" or cfg.input_table:
+        return None
+    weights = _source_weights(cfg, len(cfg.inputs))
+    corpus = Corpus([], [], [], footers=footers, skipped=skipped or [])
+    for i, source in enumerate(cfg.inputs):
+        files = list_local_corpus(source, cfg.text_column, footers, skipped)
+        if files is None:
+            return None
+        corpus.files += files
+        corpus.keys += [(i, f) for f in files]
+        corpus.weights += [weights[i]] * len(files)
+    return corpus
+
+
+def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> Corpus:
+    """The corpus through Spark's readers (any format, a catalog table, or a DataFrame)."""
+    if cfg.ignore_corrupt_files:
+        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
+    if frame is not None:
+        names = ["a DataFrame"]
+    else:
+        names = [cfg.input_table] if cfg.input_table else cfg.inputs
+    weights = _source_weights(cfg, len(names))
+    corpus = Corpus([], [], [])
+    frames = []
+    for i, name in enumerate(names):
+        df, files, block, row = _read_source(spark, cfg, name, frame)
+        frames.append(df.select(F.col(cfg.text_column).alias("text"),
+                                F.lit(i).cast("int").alias("source"),
+                                (F.col("_metadata.file_path") if frame is None and files != [name]
+                                 else F.lit(name)).alias("path"),
+                                block.cast("long").alias("block"),
+                                row.cast("long").alias("row")))
+        corpus.files += files
+        corpus.keys += [(i, normalize_path(f)) for f in files]
+        corpus.weights += [weights[i]] * len(files)
+    corpus.df = functools.reduce(DataFrame.unionByName, frames)
+    return corpus
+
+
+def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None
+                 ) -> tuple[DataFrame, list[str], Column, Column]:
+    """One source: its DataFrame, its files in path order, and the columns that order its
+    rows: (block, row) = (0, row index in the file) for Parquet; (split start, None: numbered
+    in the task) for other file formats; (Spark partition, None) for a DataFrame or a table
+    without files."""
+    what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
+    try:
+        if frame is not None:
+            df = frame
+        elif cfg.input_table:
+            df = spark.table(name)
+        elif cfg.input_format == "csv":
+            df = spark.read.option("header", True).option("multiLine", True).csv(name)
+        elif cfg.input_format == "text":
+            df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
+        else:
+            df = spark.read.format(cfg.input_format).load(name)
+    except AnalysisException as exc:
+        msg = _first_line(exc)
+        if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
+            raise ConfigError(f"{what}: path does not exist: {name}") from None
+        if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
+            raise ConfigError(f"config key 'input_format': Spark has no {cfg.input_format!r} "
+                              "reader here (delta needs the delta-spark package: spark-submit "
+                              "--packages io.delta:delta-spark_2.13:<version>)") from None
+        if "TABLE_OR_VIEW_NOT_FOUND" in msg:
+            raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
+        raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
+    except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
+        named = _unreadable_file_error(exc)
+        if named is not None:
+            raise named from None
+        raise ConfigError(f"{what}: cannot read {name}: {_first_line(exc)}") from None
+    _check_text_column(df, cfg.text_column, name)
+    files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
+    if frame is not None or not files:  # no files to order by: Spark's partitions, in order
+        if frame is None and cfg.input_table:
+            raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "
+                              "table); read it into a DataFrame and use pipeline.api")
+        return df, [name], F.spark_partition_id(), F.lit(None)
+    parquet = cfg.input_format == "parquet" and not cfg.input_table
+    if not parquet:
+        try:  # a catalog table stored as Parquet still has row indices
+            df.select("_metadata.row_index").schema  # noqa: B018 - resolves the column
+            parquet = True
+        except AnalysisException:
+            parquet = False
+    if parquet:
+        return df, files, F.lit(0), F.col("_metadata.row_index")
+    return df, files, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _check_text_column(df: DataFrame, text_column: str, name: str) -> None:
+    if text_column not in df.columns:
+        raise ConfigError(
+            f"config key 'text_column': column {text_column!r} not in {name} "
+            f"(columns: {', '.join(df.columns)})"
+        )
+    dtype = df.schema[text_column].dataType
+    if not isinstance(dtype, (T.StringType, T.BinaryType)):
+        raise ConfigError(
+            f"config key 'text_column': column {text_column!r} is {dtype.simpleString()}, "
+            "not string or binary"
+        )
+
+
 def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
                 footers: dict[str, pq.FileMetaData] | None = None
                 ) -> list[list[ReadSlice]] | None:
@@ -567,84 +752,99 @@ def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
     return plan
 
 
-def _partial_frame(spark: SparkSession, df: DataFrame | None, cfg: Config, spec: PretokenizerSpec,
-                   files: list[str], plan: list[list[ReadSlice]] | None) -> DataFrame:
+def _partial_frame(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
+                   plan: list[list[ReadSlice]] | None) -> DataFrame:
     """The tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``)."""
-    cap, ignore = cfg.max_word_bytes, cfg.ignore_corrupt_files
+    cap, ignore, weights = cfg.max_word_bytes, cfg.ignore_corrupt_files, corpus.weights
     if plan is not None:  # one row per task: task i reads plan[i]
         text_column = cfg.text_column
 
         def count_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for b in batches:
                 for i in b.column(0).to_pylist():
-                    yield from _count_slices(spec, text_column, plan[i], cap, ignore)
+                    yield from _count_slices(spec, text_column, plan[i], cap, ignore, weights)
 
         n = len(plan)
         return spark.range(0, n, 1, n).mapInArrow(count_tasks, _PARTIAL_SCHEMA)
-    assert df is not None
-    file_index = {f: i for i, f in enumerate(files)}
-    src = df.select(
-        F.col(cfg.text_column).alias("text"),
-        F.col("_metadata.file_path").alias("path"),
-        F.col("_metadata.row_index").alias("row"),
-    )
-    if cfg.num_partitions:
+    assert corpus.df is not None
+    file_index = {(src, f): i for i, (src, f) in enumerate(corpus.keys)}
+    src = corpus.df
+    if cfg.num_partitions and cfg.input_format == "parquet" and not cfg.input_table:
         # keep each file's rows in order inside a partition: repartition by file, sort rows
-        src = src.repartition(cfg.num_partitions, "path").sortWithinPartitions("path", "row")
-    return src.mapInArrow(_count_partition_fn(spec, file_index, cap), _PARTIAL_SCHEMA)
+        src = src.repartition(cfg.num_partitions, "source", "path").sortWithinPartitions(
+            "source", "path", "row")
+    return src.mapInArrow(_count_partition_fn(spec, file_index, weights, cap), _PARTIAL_SCHEMA)
 
 
-def _collect_partials(spark: SparkSession, df: DataFrame | None, cfg: Config,
-                      spec: PretokenizerSpec,
-                      files: list[str], plan: list[list[ReadSlice]] | None) -> pa.Table:
-    """The tasks' partial counts on the driver. With the Arrow reader each task returns one
-    Arrow IPC stream as bytes, which the JVM passes through untouched."""
+def _collect_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
+                      plan: list[list[ReadSlice]] | None) -> pa.Table:
+    """The tasks' partial counts on the driver. All tasks run at once and keep their results
+    on the executors' disks; the driver then fetches them one task at a time, so its JVM never
+    holds more than one task's partial counts (``collect`` would hold them all). With the
+    Arrow reader each task's result is one Arrow IPC stream, passed through untouched."""
     if plan is None:
-        return _partial_frame(spark, df, cfg, spec, files, plan).toArrow()
+        frame = _partial_frame(spark, corpus, cfg, spec, plan).persist(StorageLevel.DISK_ONLY)
+        try:
+            frame.count()
+            return collect_arrow(frame)
+        finally:
+            frame.unpersist()
     text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
+    weights = corpus.weights
 
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
-            yield _arrow_ipc(_count_slices(spec, text_column, plan[i], cap, ignore))
+            yield _arrow_ipc(_count_slices(spec, text_column, plan[i], cap, ignore, weights))
 
     n = len(plan)
-    blobs = spark.sparkContext.parallelize(range(n), n).mapPartitions(count_task).collect()
-    return pa.Table.from_batches(
-        [b for blob in blobs for b in pa.ipc.open_stream(blob)], schema=PARTIAL_ARROW_SCHEMA
-    )
+    rdd = spark.sparkContext.parallelize(range(n), n).mapPartitions(count_task)
+    rdd.persist(StorageLevel.DISK_ONLY)
+    try:
+        rdd.count()
+        return pa.Table.from_batches(
+            [b for blob in rdd.toLocalIterator(prefetchPartitions=True)
+             for b in pa.ipc.open_stream(blob)], schema=PARTIAL_ARROW_SCHEMA)
+    finally:
+        rdd.unpersist()
 
 
-def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None
-                ) -> WordTable:
+def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
+                frame: DataFrame | None = None) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically, with
-    heartbeats (tasks done out of all, from Spark's status tracker) while it runs."""
+    heartbeats (tasks done out of all, from Spark's status tracker) while it runs. ``frame``:
+    count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
+    partitions in order, rows in partition order)."""
     t0 = time.time()
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
                                     bar=cfg.progress_bar)
     sc = spark.sparkContext
     with job_group(sc, "count") as group, progress.stage(
             "count", unit="tasks", poll=task_progress(sc, group)) as stage:
-        wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0)
+        wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, frame)
         st = wt.meta["stats"]
         stage.update(note=f"{st['unique_words']:,} distinct words, {st['words']:,} words, "
                           f"{st['rows']:,} rows, {st['bytes'] / 1e6:,.0f} MB")
     return wt
 
 
-def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) -> WordTable:
+def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
+           frame: DataFrame | None = None) -> WordTable:
     footers: dict[str, pq.FileMetaData] = {}
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
-    df, files = None, _list_local(cfg, footers, skipped)
-    plan = None if files is None else _arrow_plan(spark, cfg, files, footers)
+    corpus = None if frame is not None else list_local_sources(cfg, footers, skipped)
+    plan = None if corpus is None else _arrow_plan(spark, cfg, corpus.files, footers)
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)
         warming = _warm_workers(spark, spec)
-        df, files = read_corpus(spark, cfg.input, cfg.text_column, cfg.ignore_corrupt_files)
-        plan = _arrow_plan(spark, cfg, files)
+        corpus = read_sources(spark, cfg, frame)
+        if frame is None and cfg.input_format == "parquet" and not cfg.input_table:
+            plan = _arrow_plan(spark, cfg, corpus.files)  # listed by Spark, read by pyarrow
+    assert corpus is not None
     try:
-        fingerprint = input_fingerprint(spark, files, footers)
-        return _count_and_write(spark, cfg, spec, t0, df, files, plan, fingerprint,
+        fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
+            else {"files": 0, "bytes": 0, "digest": "a DataFrame: never reused"}
+        return _count_and_write(spark, cfg, spec, t0, corpus, plan, fingerprint,
                                 skipped or [])
     except Exception as exc:
         named = _unreadable_file_error(exc)
@@ -654,13 +854,6 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float) 
     finally:
         if warming is not None:
             warming.join()
-
-
-def _list_local(cfg: Config, footers: dict[str, pq.FileMetaData],
-                skipped: list[str] | None) -> list[str] | None:
-    if cfg.count_reader == "spark":
-        return None
-    return list_local_corpus(cfg.input, cfg.text_column, footers, skipped)
 
 
 def _unreadable_file_error(exc: BaseException) -> ConfigError | None:
@@ -680,13 +873,13 @@ def _unreadable_file_error(exc: BaseException) -> ConfigError | None:
 
 def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, pq.FileMetaData]]:
     """The input's files in corpus order, listed as the count lists them (without the JVM for
-    a plain local corpus), and the Parquet footers read on the way."""
+    local Parquet), and the Parquet footers read on the way."""
     footers: dict[str, pq.FileMetaData] = {}
-    files = _list_local(cfg, footers, [] if cfg.ignore_corrupt_files else None)
-    if files is None:
+    corpus = list_local_sources(cfg, footers, [] if cfg.ignore_corrupt_files else None)
+    if corpus is None:
         start_session(spark)
-        _, files = read_corpus(spark, cfg.input, cfg.text_column, cfg.ignore_corrupt_files)
-    return files, footers
+        corpus = read_sources(spark, cfg)
+    return corpus.files, footers
 
 
 def input_fingerprint(spark: SparkSession, files: list[str],
@@ -743,11 +936,11 @@ def describe_input_change(old: dict | None, new: dict) -> str:
 
 
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-                     df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None,
-                     fingerprint: dict, skipped: list[str]) -> WordTable:
+                     corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
+                     skipped: list[str]) -> WordTable:
     tmp = fsutil.staging_dir(spark, cfg.output, "word_table.json")
     try:
-        return _count_into(spark, cfg, spec, t0, df, files, plan, fingerprint, skipped, tmp)
+        return _count_into(spark, cfg, spec, t0, corpus, plan, fingerprint, skipped, tmp)
     except BaseException:
         with contextlib.suppress(Exception):  # nothing half-written is left behind
             fsutil.delete(spark, tmp)  # (on an object store: the output, without its marker)
@@ -773,16 +966,17 @@ def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list
 
 
 def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-                df: DataFrame | None, files: list[str], plan: list[list[ReadSlice]] | None,
-                fingerprint: dict, skipped: list[str], tmp: str) -> WordTable:
+                corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
+                skipped: list[str], tmp: str) -> WordTable:
+    files = corpus.files
     input_mb = _input_megabytes(spark, files)
-    reader = "pyarrow in the tasks" if plan is not None else "Spark's Parquet scan"
+    reader = "pyarrow in the tasks" if plan is not None else "Spark's reader"
     collected = None
     if input_mb is not None and input_mb <= cfg.count_on_driver_max_mb:
         # a small corpus: the tasks' partial counts come to the driver as Arrow and are merged
         # there (no shuffle, aggregation or extra query plans to warm up in the JVM)
         try:
-            collected = _collect_partials(spark, df, cfg, spec, files, plan)
+            collected = _collect_partials(spark, corpus, cfg, spec, plan)
         except Exception as exc:  # noqa: BLE001 - only a result too big for the driver
             if "maxResultSize" not in str(exc) and "OutOfMemory" not in str(exc):
                 raise
@@ -798,7 +992,7 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
         unique_words = merged.num_rows
         _write_table(spark, merged, fsutil.join(tmp, "data"))
     else:
-        partial = _partial_frame(spark, df, cfg, spec, files, plan)
+        partial = _partial_frame(spark, corpus, cfg, spec, plan)
         stats, unique_words, t_count = _merge_with_spark(partial, len(files), tmp, t0)
     t_write = time.time()
     log.info("wrote the word table in %.1f s", t_write - t_count)
@@ -823,6 +1017,9 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
         "format": "spark-bpe word table",
         "version": WORD_TABLE_VERSION,
         "input": cfg.input,
+        "input_format": cfg.input_format,
+        "input_table": cfg.input_table,
+        "input_weights": list(cfg.input_weights),
         "input_fingerprint": fingerprint,
         "text_column": cfg.text_column,
         "files": len(files),

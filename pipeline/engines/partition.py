@@ -220,11 +220,6 @@ class PartitionStore:
         self._write_meta({"dirty": False, "gen": gen, "round": round_no,
                           "scalars": {k: getattr(st, k) for k in SCALARS}})
 
-    def usable(self, gen_at_most: int) -> bool:
-        """A clean state that is not ahead of ``gen_at_most`` merges."""
-        meta = self.read_meta()
-        return bool(meta) and not meta.get("dirty") and meta.get("gen", 1 << 62) <= gen_at_most
-
     # -- one round ------------------------------------------------------------------------------
     def run_round(self, round_no: int, gen: int, batch: Batch, offset: int,
                   history: History) -> PairDeltas:

@@ -102,6 +102,14 @@ def _read_chunks(blobs: Iterator[bytes]) -> pa.Table | None:
     return pa.Table.from_batches(batches) if batches else None
 
 
+def gather(rdd) -> list:
+    """An RDD's elements on the driver one partition at a time (the next one fetched while
+    this one is unpickled): the driver JVM holds one partition's results at once, where
+    ``collect`` holds all of them (a 1 GB default driver heap is far smaller than the
+    driver's Python memory the hand-off is sized by)."""
+    return list(rdd.toLocalIterator(prefetchPartitions=True))
+
+
 class SparkPartitions:
     """The working set as partition states on the executors (see the module docstring)."""
 
@@ -192,7 +200,7 @@ class SparkPartitions:
 
         def job():
             rdd = self.holders.mapPartitionsWithIndex(task)
-            return rdd.treeReduce(combine) if reduce else rdd.collect()
+            return rdd.treeReduce(combine) if reduce else gather(rdd)
 
         return self._rebuilding(job)
 
@@ -229,7 +237,7 @@ class SparkPartitions:
             return (x[0] + y[0], *min(x[1:], y[1:]))
 
         rows = self._rebuilding(
-            lambda: self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(add).collect())
+            lambda: gather(self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(add)))
         tokens = sum(v[0] for k, v in rows if k < 0)
         rows = sorted((k, v) for k, v in rows if k >= 0)
         keys = np.array([k for k, _ in rows], dtype=np.int64)

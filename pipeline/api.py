@@ -1,0 +1,151 @@
+"""The Python API: train, count and encode from a notebook, an Airflow ``PythonOperator`` or
+any program, without the command line.
+
+    from pipeline import api
+
+    run = api.train("s3a://lake/corpus/", output="s3a://lake/tok/en-32k", vocab_size=32768)
+    run = api.train(["data/a", "data/b"], output="out/mix", vocab_size=8192,
+                    input_weights=[3, 1])                      # a weighted mixture
+    run = api.train(spark.table("docs").select("body"), output="out/docs",
+                    vocab_size=8192, text_column="body")       # a DataFrame
+    ids = run.tokenizer().encode("hello world")
+    words = api.count_words("data/sample", output="out/words")
+    api.encode("data/sample", tokenizer=run.dir, output="out/ids")
+
+Every keyword is a config key (``spark-submit jobs/train.py --help`` lists them, with their
+defaults); a wrong key or value raises :class:`pipeline.config.ConfigError` before any Spark
+work. ``spark``: the session to use (default: the active one, else one is started in local
+mode). A DataFrame corpus is read in its partitions' order, rows in partition order: sort it
+or give files for a result that does not depend on how it was partitioned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pipeline import fsutil
+from pipeline.config import COUNT, ENCODE, TRAIN, Config, ConfigError, _apply, validate
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pipeline.encoder import Tokenizer
+
+
+@dataclass
+class Run:
+    """A finished training run: where it is, and what it says about itself."""
+
+    dir: str
+    merges: int
+    stats: dict = field(repr=False)
+    already_done: bool = False
+
+    def tokenizer(self) -> Tokenizer:
+        """The reference encoder for this run (``pipeline.encoder.Tokenizer``)."""
+        from pipeline.encoder import Tokenizer
+
+        return Tokenizer.load(self.dir)
+
+    def tiktoken(self):
+        """A ``tiktoken.Encoding`` built from the run's export."""
+        from pipeline.outputs import load_tiktoken
+
+        return load_tiktoken(self.dir)
+
+    @property
+    def files(self) -> list[str]:
+        names = ["merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
+                 "tiktoken.json", "report.html", "stats.json", "run.json"]
+        return [fsutil.join(self.dir, n) for n in names]
+
+
+def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any]:
+    """The config for ``job`` from the built-in defaults and ``options`` (the sample run's
+    settings in conf/default.toml do not apply here), and the DataFrame corpus, if any."""
+    cfg = Config()
+    frame = None
+    if corpus is not None:
+        if isinstance(corpus, str):
+            options = {"input": corpus, **options}
+        elif isinstance(corpus, (list, tuple)) and all(isinstance(c, str) for c in corpus):
+            if any("," in c for c in corpus):
+                raise ConfigError("config key 'input': a path with a comma cannot be one of "
+                                  "several sources")
+            options = {"input": ",".join(corpus), **options}
+        elif hasattr(corpus, "sparkSession") and hasattr(corpus, "schema"):
+            frame = corpus
+        else:
+            raise ConfigError("the corpus must be a path, a list of paths or a Spark DataFrame, "
+                              f"not {type(corpus).__name__}")
+    _apply(options, cfg, "api")
+    return validate(cfg, job, frame=frame is not None), frame
+
+
+def _session(cfg: Config, spark: SparkSession | None, app: str) -> tuple[Any, bool]:
+    """The session to use and whether this call started it (and so stops it)."""
+    if spark is not None:
+        return spark, False
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    from pipeline.spark_session import build_session
+
+    return build_session(cfg, app), True
+
+
+def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,
+          vocab_size: int | None = None, spark: SparkSession | None = None,
+          **options: Any) -> Run:
+    """Train a tokenizer into ``output`` (a run directory) and return the :class:`Run`.
+    ``corpus``: a path, paths, or a DataFrame; or ``words=`` a word table instead."""
+    from pipeline.train import train as train_run
+
+    if vocab_size is not None:
+        options["vocab_size"] = vocab_size
+    options.setdefault("progress_bar", False)
+    cfg, frame = _config(TRAIN, corpus, {"output": output, **options})
+    session, started = _session(cfg, spark, "spark-bpe api train")
+    try:
+        result = train_run(session, cfg, frame=frame)
+    finally:
+        if started:
+            session.stop()
+    return Run(result.run_dir, int(result.stats.get("merges", len(result.merges))),
+               result.stats, result.already_done)
+
+
+def count_words(corpus: str | list[str] | DataFrame, *, output: str,
+                spark: SparkSession | None = None, **options: Any) -> dict:
+    """Count ``corpus`` into a word table at ``output``; returns its metadata (the contents of
+    ``word_table.json``: statistics, settings, input fingerprint)."""
+    from pipeline.count.word_count import count_words as count
+
+    options.setdefault("progress_bar", False)
+    cfg, frame = _config(COUNT, corpus, {"output": output, **options})
+    session, started = _session(cfg, spark, "spark-bpe api count_words")
+    try:
+        return count(session, cfg, frame=frame).meta
+    finally:
+        if started:
+            session.stop()
+
+
+def encode(corpus: str, *, tokenizer: str, output: str, spark: SparkSession | None = None,
+           **options: Any) -> dict:
+    """Encode a Parquet corpus with a trained run into ``output``; returns the summary that
+    ``_encode.json`` holds (rows, bytes, tokens, bytes per token, ...)."""
+    from pipeline.encode_corpus import encode_corpus
+
+    if not isinstance(corpus, str):
+        raise ConfigError("encode: the corpus must be a Parquet path")
+    cfg, _ = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
+    session, started = _session(cfg, spark, "spark-bpe api encode")
+    try:
+        return encode_corpus(session, cfg).stats
+    finally:
+        if started:
+            session.stop()

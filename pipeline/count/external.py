@@ -1,0 +1,203 @@
+"""Word tables made elsewhere: ``--words`` given a (word, count[, first_seen]) table that
+``count_words`` did not write, as Parquet or as TSV (SentencePiece's ``word<TAB>count``).
+
+The table is taken as given (its words are the words: no split, no cap) and written once as
+a word table of ours in the run directory, so that everything after it (checkpoints, resume,
+outputs) works as for a counted corpus. The tie-break needs each word's first occurrence:
+``first_seen`` when the table has it (only its order matters), otherwise the table's own row
+order (files by path, rows in file order). A word listed twice is counted once with the summed
+count and the earlier position.
+
+TSV lines are ``word<TAB>count`` or ``word<TAB>count<TAB>first_seen``; the word may hold any
+character but tab, newline, carriage return and backslash, which are written ``\\t``, ``\\n``,
+``\\r`` and ``\\\\``. Blank lines are skipped; any other malformed line is an error naming its
+file and line.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import fsutil
+from pipeline.config import Config, ConfigError
+
+log = logging.getLogger(__name__)
+
+TSV_SUFFIXES = (".tsv", ".txt", ".tsv.gz")
+_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
+
+
+def is_ours(spark, path: str) -> bool:
+    return fsutil.exists(spark, fsutil.join(path, "word_table.json"))
+
+
+def unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in _UNESCAPE:
+            out.append(_UNESCAPE[text[i + 1]])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def escape(word: str) -> str:
+    return (word.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+            .replace("\r", "\\r"))
+
+
+def _files(path: str, suffixes: tuple[str, ...]) -> list[str]:
+    local = fsutil.local_path(path)
+    if os.path.isdir(local):
+        return sorted(f for f in glob.glob(os.path.join(local, "*"))
+                      if f.endswith(suffixes) and not os.path.basename(f).startswith(("_", ".")))
+    return sorted(glob.glob(local)) if any(c in local for c in "*?[") else [local]
+
+
+def read_tsv(path: str) -> pa.Table:
+    """word, count, first_seen (the row order when the file has no third column)."""
+    words: list[bytes] = []
+    counts: list[int] = []
+    firsts: list[int] = []
+    files = _files(path, TSV_SUFFIXES)
+    if not files:
+        raise ConfigError(f"config key 'words': no TSV files ({', '.join(TSV_SUFFIXES)}) in "
+                          f"{path}")
+    for f in files:
+        opener = open
+        if f.endswith(".gz"):
+            import gzip
+
+            opener = gzip.open  # type: ignore[assignment]
+        with opener(f, "rt", encoding="utf-8", errors="surrogateescape", newline="\n") as fh:
+            for n, line in enumerate(fh, 1):
+                line = line.rstrip("\n").rstrip("\r")
+                if not line:
+                    continue
+                parts = line.split("\t")
+                try:
+                    if len(parts) not in (2, 3) or not parts[0]:
+                        raise ValueError
+                    counts.append(int(parts[1]))
+                    firsts.append(int(parts[2]) if len(parts) == 3 else len(firsts))
+                except ValueError:
+                    raise ConfigError(
+                        f"config key 'words': {f} line {n} is not 'word<TAB>count"
+                        f"[<TAB>first_seen]': {line[:80]!r}") from None
+                words.append(unescape(parts[0]).encode("utf-8", "surrogateescape"))
+    return pa.table({"word": pa.array(words, pa.binary()), "count": pa.array(counts, pa.int64()),
+                     "first_seen": pa.array(firsts, pa.int64())})
+
+
+def read_parquet(spark, path: str) -> pa.Table:
+    """word, count[, first_seen] from Parquet (local with pyarrow, else through Spark)."""
+    if fsutil.is_local(path):
+        try:
+            files = _files(path, (".parquet",))
+            t = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+        except (OSError, pa.ArrowException) as exc:
+            raise ConfigError(f"config key 'words': {path} is neither a word table of ours, "
+                              f"TSV nor readable Parquet ({exc})") from None
+    else:
+        t = spark.read.parquet(path).toArrow()
+    missing = {"word", "count"} - set(t.column_names)
+    if missing:
+        raise ConfigError(f"config key 'words': {path} has no column(s) {sorted(missing)} "
+                          f"(columns: {t.column_names}); an external word table needs word "
+                          "and count, and may have first_seen")
+    word = t.column("word")
+    if pa.types.is_string(word.type) or pa.types.is_large_string(word.type):
+        word = pc.cast(word, pa.binary())
+    first = (t.column("first_seen") if "first_seen" in t.column_names
+             else pa.array(np.arange(t.num_rows, dtype=np.int64)))
+    return pa.table({"word": word, "count": pc.cast(t.column("count"), pa.int64()),
+                     "first_seen": pc.cast(first, pa.int64())})
+
+
+def canonical(table: pa.Table) -> pa.Table:
+    """Duplicates merged (counts summed, earliest position kept), non-positive counts and
+    empty words dropped, first_seen replaced by its dense rank (0, 1, 2, ...)."""
+    words = table.column("word").combine_chunks()
+    counts = table.column("count").to_numpy()
+    first = table.column("first_seen").to_numpy()
+    keep = (counts > 0) & (pc.binary_length(words).to_numpy(zero_copy_only=False) > 0)
+    words = words.filter(pa.array(keep))
+    counts, first = counts[keep], first[keep]
+    enc = pc.dictionary_encode(words)
+    wid = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    n = len(enc.dictionary)
+    order = np.lexsort((np.arange(len(wid)), first))  # by position, then by row
+    totals = np.zeros(n, dtype=np.int64)
+    np.add.at(totals, wid, counts)
+    _, at = np.unique(wid[order], return_index=True)  # each word's earliest row, in order
+    rank = np.empty(n, dtype=np.int64)
+    rank[wid[order][np.sort(at)]] = np.arange(n, dtype=np.int64)
+    out = pa.table({"word": enc.dictionary.cast(pa.binary()),
+                    "count": pa.array(totals, pa.int64()),
+                    "first_seen": pa.array(rank, pa.int64())})
+    return out.sort_by("first_seen")
+
+
+def import_word_table(spark, cfg: Config, source: str, dest: str) -> dict:
+    """Write ``source`` (an external table) as a word table of ours at ``dest``; returns its
+    metadata (the pretokenizer settings are the run's own: the table is taken as given)."""
+    from pipeline.count.word_count import WORD_TABLE_VERSION, _write_table, table_digest
+
+    local = fsutil.local_path(source)
+    is_tsv = source.endswith(TSV_SUFFIXES) or (
+        fsutil.is_local(source) and os.path.isdir(local)
+        and any(f.endswith(TSV_SUFFIXES) for f in os.listdir(local)))
+    if is_tsv and not fsutil.is_local(source):
+        raise ConfigError("config key 'words': TSV word tables are read from local paths; "
+                          "convert remote ones to Parquet (word, count[, first_seen])")
+    table = canonical(read_tsv(source) if is_tsv else read_parquet(spark, source))
+    if table.num_rows == 0:
+        raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
+    tmp = fsutil.staging_dir(spark, dest, "word_table.json")
+    _write_table(spark, table, fsutil.join(tmp, "data"))
+    words = int(pc.sum(table.column("count")).as_py())
+    nbytes = int(np.dot(pc.binary_length(table.column("word")).to_numpy(),
+                        table.column("count").to_numpy()))
+    spec = cfg.pretokenizer_spec()
+    stats = {"rows": table.num_rows, "words": words, "bytes": nbytes,
+             "unique_words": table.num_rows}
+    meta = {
+        "format": "spark-bpe word table", "version": WORD_TABLE_VERSION,
+        "input": "", "external": source, "text_column": cfg.text_column,
+        "pretokenizer": {"pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
+                         "lowercase": spec.lowercase, "normalization": spec.normalization},
+        "max_word_bytes": 0, "unique_words": table.num_rows, "stats": stats,
+        "digest": table_digest(table),
+        "left_out": {"long_words": 0, "long_word_bytes": 0, "rows_with_long_words": 0,
+                     "unreadable_files": []},
+    }
+    fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
+    fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
+    fsutil.replace_dir(spark, tmp, dest)
+    log.info("imported the external word table %s: %d distinct words, %d words (first-seen "
+             "order: %s) -> %s", source, table.num_rows, words,
+             "its first_seen column" if _has_first_seen(source, is_tsv) else "its row order",
+             dest)
+    return meta
+
+
+def _has_first_seen(source: str, is_tsv: bool) -> bool:
+    if is_tsv:
+        return False  # (the row order, or a third column: both give the positions used)
+    try:
+        return "first_seen" in pq.read_schema(_files(source, (".parquet",))[0]).names
+    except Exception:  # noqa: BLE001 - only for the log line
+        return False

@@ -1,0 +1,200 @@
+"""Inputs beyond one Parquet corpus: other formats, catalog tables, weighted sources. Each
+gives the same word table (counts and first-seen order) and the same merges as Parquet."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import Config
+from pipeline.count.word_count import count_words
+from pipeline.train import train
+
+from .conftest import SAMPLE
+
+pytestmark = pytest.mark.spark
+
+
+def sample_lines(n: int = 400) -> list[str]:
+    """Lines of the sample (a line per row, so that the text format sees the same rows)."""
+    text = "\n".join(pq.read_table(SAMPLE / "part-00000.parquet").column("text").to_pylist()[:8])
+    return [ln for ln in text.split("\n") if ln.strip() and '"' not in ln][:n]
+
+
+def table_rows(path) -> list[tuple[bytes, int, int]]:
+    """(word, count, rank of first_seen): first_seen is packed for Parquet and a dense rank
+    for formats without row indices; its order is what the merges depend on."""
+    t = pq.read_table(path / "data")
+    order = pc.sort_indices(t, [("first_seen", "ascending")]).to_pylist()
+    words, counts = t.column("word").to_pylist(), t.column("count").to_pylist()
+    return [(words[i], counts[i], r) for r, i in enumerate(order)]
+
+
+@pytest.fixture(scope="module")
+def formats(spark, tmp_path_factory):
+    """The same rows as Parquet, JSON lines, CSV, ORC and text (two files each)."""
+    root = tmp_path_factory.mktemp("formats")
+    lines = sample_lines()
+    df = spark.createDataFrame([(t,) for t in lines], "text string").coalesce(1)
+    half = len(lines) // 2
+    paths = {}
+    for fmt in ("parquet", "json", "csv", "orc", "text"):
+        d = root / fmt
+        for part, rows in (("a", lines[:half]), ("b", lines[half:])):
+            frame = spark.createDataFrame([(t,) for t in rows], "text string").coalesce(1)
+            writer = frame.write.mode("overwrite")
+            if fmt == "csv":
+                writer = writer.option("header", True)
+            writer.format(fmt).save(str(d / part))
+        paths[fmt] = d
+    del df
+    return paths
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv", "orc", "text"])
+def test_other_formats_give_the_parquet_word_table_and_merges(spark, formats, tmp_path, fmt):
+    ref = count_words(spark, Config(input=f"{formats['parquet']}/*/*.parquet",
+                                    output=str(tmp_path / "ref")))
+    got = count_words(spark, Config(input=f"{formats[fmt]}/*/part-*", input_format=fmt,
+                                    output=str(tmp_path / fmt)))
+    assert table_rows(tmp_path / fmt) == table_rows(tmp_path / "ref")
+    assert got.meta["input_format"] == fmt
+    a = train(spark, Config(words=str(tmp_path / "ref"), output=str(tmp_path / "ra"),
+                            vocab_size=500, progress_bar=False))
+    b = train(spark, Config(words=str(tmp_path / fmt), output=str(tmp_path / "rb"),
+                            vocab_size=500, progress_bar=False))
+    assert a.merges == b.merges and len(a.merges) == 500 - 257
+    del ref
+
+
+def test_a_catalog_table_gives_the_parquet_merges(spark, formats, tmp_path):
+    spark.sql(f"CREATE TABLE IF NOT EXISTS corpus_t USING parquet LOCATION "
+              f"'{formats['parquet']}/a'")
+    try:
+        by_table = train(spark, Config(input_table="corpus_t", output=str(tmp_path / "t"),
+                                       vocab_size=400, progress_bar=False))
+        by_path = train(spark, Config(input=str(formats["parquet"] / "a"),
+                                      output=str(tmp_path / "p"), vocab_size=400,
+                                      progress_bar=False))
+    finally:
+        spark.sql("DROP TABLE IF EXISTS corpus_t")
+    assert by_table.merges == by_path.merges
+
+
+def test_weighted_sources_equal_repeated_rows(spark, tmp_path):
+    """--input A,B --input-weights 3,1 trains exactly as a corpus whose first file holds A's
+    rows three times (counts tripled, first occurrences unchanged) and whose second holds B."""
+    lines = sample_lines(300)
+    a, b = lines[:120], lines[120:]
+    for name, rows in (("A", a), ("B", b), ("mix/0", a * 3), ("mix/1", b)):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": rows}), tmp_path / f"{name}.parquet")
+    weighted = train(spark, Config(input=f"{tmp_path}/A.parquet,{tmp_path}/B.parquet",
+                                   input_weights=[3, 1], output=str(tmp_path / "w"),
+                                   vocab_size=450, progress_bar=False))
+    repeated = train(spark, Config(input=str(tmp_path / "mix"), output=str(tmp_path / "r"),
+                                   vocab_size=450, progress_bar=False))
+    assert weighted.merges == repeated.merges
+    # and through Spark's reader as well as pyarrow's
+    spark_read = train(spark, Config(input=f"{tmp_path}/A.parquet,{tmp_path}/B.parquet",
+                                     input_weights=[3, 1], count_reader="spark",
+                                     output=str(tmp_path / "s"), vocab_size=450,
+                                     progress_bar=False))
+    assert spark_read.merges == weighted.merges
+    unweighted = train(spark, Config(input=f"{tmp_path}/A.parquet,{tmp_path}/B.parquet",
+                                     output=str(tmp_path / "u"), vocab_size=450,
+                                     progress_bar=False))
+    assert unweighted.merges != weighted.merges
+
+
+def test_an_external_word_table_trains_as_the_counted_one(spark, tmp_path):
+    """(word, count) tables made elsewhere, as TSV (SentencePiece's word<TAB>count, words
+    escaped) or Parquet, with or without first_seen: the same merges as our own table when
+    they list the same words in the same first-seen order."""
+    from pipeline.count.external import escape
+
+    rows = pq.read_table(SAMPLE / "part-00000.parquet").column("text").to_pylist()[:6]
+    pq.write_table(pa.table({"text": rows}), tmp_path / "c.parquet")
+    ours = count_words(spark, Config(input=str(tmp_path / "c.parquet"),
+                                     output=str(tmp_path / "w")))
+    t = pq.read_table(tmp_path / "w" / "data").sort_by("first_seen")
+    words = [w.decode("utf-8", "surrogateescape") for w in t.column("word").to_pylist()]
+    counts = t.column("count").to_pylist()
+    assert any("\n" in w for w in words)  # the escapes are exercised
+    (tmp_path / "words.tsv").write_text("".join(f"{escape(w)}\t{c}\n"
+                                                for w, c in zip(words, counts)))
+    # a Parquet table with first_seen, rows shuffled: first_seen decides the order
+    perm = list(range(len(words)))[::-1]
+    pq.write_table(pa.table({"word": [words[i] for i in perm], "count": [counts[i] for i in perm],
+                             "first_seen": [i * 10 for i in perm]}),
+                   tmp_path / "with_first.parquet")
+    pq.write_table(pa.table({"word": words, "count": counts}), tmp_path / "no_first.parquet")
+
+    def merges(words_arg: str, out: str):
+        return train(spark, Config(words=words_arg, output=str(tmp_path / out),
+                                   vocab_size=420, progress_bar=False)).merges
+
+    ref = merges(str(tmp_path / "w"), "ref")
+    assert merges(str(tmp_path / "words.tsv"), "tsv") == ref
+    assert merges(str(tmp_path / "with_first.parquet"), "pq1") == ref
+    assert merges(str(tmp_path / "no_first.parquet"), "pq2") == ref
+    assert ours.meta["unique_words"] == len(words)
+
+
+def test_a_malformed_external_table_is_one_config_error(tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.count.external import read_tsv
+
+    (tmp_path / "bad.tsv").write_text("the\t12\nbroken line without a count\n")
+    with pytest.raises(ConfigError, match=r"bad\.tsv line 2 is not 'word<TAB>count"):
+        read_tsv(str(tmp_path / "bad.tsv"))
+
+
+def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
+    """pipeline.api with a path, a DataFrame and a word table: the same merges as the job."""
+    from pipeline import api
+    from pipeline.config import ConfigError
+
+    run = api.train(str(SAMPLE), output=str(tmp_path / "run"), vocab_size=500)
+    assert run.merges == 500 - 257 and not run.already_done
+    ids = run.tokenizer().encode("In the beginning God created the heaven")
+    assert run.tokenizer().decode(ids) == "In the beginning God created the heaven"
+    assert run.tiktoken().encode("In the beginning") == run.tokenizer().encode(
+        "In the beginning")
+    assert run.tiktoken().name == "spark-bpe-run"  # named after the run directory
+    frame = spark.read.parquet(str(SAMPLE))  # one file: its rows in order
+    by_frame = api.train(frame, output=str(tmp_path / "frame"), vocab_size=500)
+    assert by_frame.stats["merges"] == 243
+    ours = [line for line in (tmp_path / "run" / "merges.txt").read_text().splitlines()]
+    assert (tmp_path / "frame" / "merges.txt").read_text().splitlines() == ours
+    meta = api.count_words(str(SAMPLE), output=str(tmp_path / "words"))
+    assert meta["unique_words"] == run.stats["words_in_table"]
+    again = api.train(words=str(tmp_path / "words"), output=str(tmp_path / "w"), vocab_size=500,
+                      name="bible-500")
+    assert again.tiktoken().name == "bible-500"
+    assert (tmp_path / "w" / "merges.txt").read_text().splitlines() == ours
+    summary = api.encode(str(SAMPLE), tokenizer=run.dir, output=str(tmp_path / "ids"))
+    assert summary["stats"]["rows"] == 564 and summary["stats"]["tokens"] > 0
+    with pytest.raises(ConfigError, match="unknown config key 'vocab_sise'"):
+        api.train(str(SAMPLE), output=str(tmp_path / "x"), vocab_sise=500)
+    del again
+
+
+def test_the_readme_python_api_example_runs(spark, tmp_path, monkeypatch):
+    """The README's first ``python`` block under "Python API", run as written (its relative
+    paths in a scratch directory holding data/sample)."""
+    import re
+
+    from .conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Python API"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "sample").symlink_to(SAMPLE)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})  # noqa: S102 - our own README
+    assert (tmp_path / "out" / "api-run" / "run.json").exists()
+    assert (tmp_path / "out" / "api-ids" / "_encode.json").exists()
