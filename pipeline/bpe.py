@@ -1,6 +1,6 @@
 """The BPE algorithm in pure Python: initial symbols, pair counting, merging, the sequential
 oracle trainer, and encode/decode. No Spark, no numpy: this file is the definition every fast
-engine is tested against (DESIGN.md section 2).
+engine is tested against (docs/DESIGN.md section 2).
 """
 
 from __future__ import annotations

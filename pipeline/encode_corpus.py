@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.accumulators import AccumulatorParam
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -455,10 +455,35 @@ def _scan_bytes(df) -> int | None:
 
 
 def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
-    """Encode ``cfg.input`` with the run at ``cfg.tokenizer`` into ``cfg.output``."""
+    """Encode ``cfg.input`` with the run at ``cfg.tokenizer`` into ``cfg.output``: check, read,
+    encode into a staging directory, then publish it with ``_encode.json``."""
     t0 = time.time()
     check_encode_config(cfg, spark)
     plan = load_plan(spark, cfg)
+    src, keys = _source(spark, cfg)
+    tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
+    log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
+             plan.engine, len(plan.meta["merges"]), cfg.output)
+    stats = _encode_into(spark, cfg, plan, src, keys, tmp)
+    stats["seconds_total"] = round(time.time() - t0, 3)
+    stats["engine"] = plan.engine
+    summary = {"format": "spark-bpe encoded corpus", "version": 1, "input": cfg.input,
+               "tokenizer": cfg.tokenizer, "text_column": cfg.text_column,
+               "key_columns": keys, "ids_column": cfg.ids_column,
+               "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
+               "stats": stats}
+    fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
+    fsutil.replace_dir(spark, tmp, cfg.output)
+    log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
+             "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
+             stats["bytes_per_token"] or 0, stats["tokens_per_word"] or 0, stats["seconds"])
+    return EncodeResult(cfg.output, summary)
+
+
+def _source(spark: SparkSession, cfg: Config) -> tuple[DataFrame, list[str]]:
+    """The text and the key columns to carry (default: every other column; the input file
+    and row when the text is the only one), spread over the cores when the input is one
+    large partition."""
     df, _ = read_corpus(spark, cfg.input, cfg.text_column)
     keys = list(cfg.key_columns)
     for k in keys:
@@ -485,18 +510,20 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
         if (src.rdd.getNumPartitions() < cores
                 and (_scan_bytes(df) or 0) >= REPARTITION_MIN_BYTES):
             src = src.repartition(cores)
-    out_struct = T.StructType([src.schema[k] for k in keys] + [
-        T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
+    return src, keys
+
+
+def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFrame,
+                 keys: list[str], tmp: str) -> dict:
+    """Run the encode (tasks with heartbeats) into ``tmp``; returns the statistics."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    out_schema = to_arrow_schema(out_struct)
+    out_struct = T.StructType([src.schema[k] for k in keys] + [
+        T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
     sc = spark.sparkContext
     bc = sc.broadcast(plan)
     acc = sc.accumulator({}, _PartitionStats())
-    encoded = src.mapInArrow(_encode_fn(bc, acc, out_schema), out_struct)
-    tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
-    log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
-             plan.engine, len(plan.meta["merges"]), cfg.output)
+    encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct)), out_struct)
     t_enc = time.time()
     progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
     try:
@@ -520,19 +547,7 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
         log.info("%d rows went to the reference encoder (same ids): tiktoken cannot take them "
                  "(%d raised; see the executor logs)", stats["rows_via_reference"],
                  stats["tiktoken_errors"])
-    stats["seconds_total"] = round(time.time() - t0, 3)
-    stats["engine"] = plan.engine
-    summary = {"format": "spark-bpe encoded corpus", "version": 1, "input": cfg.input,
-               "tokenizer": cfg.tokenizer, "text_column": cfg.text_column,
-               "key_columns": keys, "ids_column": cfg.ids_column,
-               "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
-               "stats": stats}
-    fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
-    fsutil.replace_dir(spark, tmp, cfg.output)
-    log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
-             "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
-             stats["bytes_per_token"] or 0, stats["tokens_per_word"] or 0, stats["seconds"])
-    return EncodeResult(cfg.output, summary)
+    return stats
 
 
 def _n_vocab(meta: dict) -> int:

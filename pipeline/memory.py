@@ -4,8 +4,9 @@ the driver has, and which engine ``auto`` picks from the two.
 The driver engine (``engines/local.py``) holds, per symbol of the word table (a byte of a
 distinct word, bytes alphabet), about 18 bytes of token/link/weight arrays, 5-6 bytes of
 stored positions and a few bytes of per-pair arrays; with what the load and the process itself
-take, the peak RSS of the whole driver process was 38.4 bytes per symbol on the 1 GB scale
-corpus (29.2 M symbols; BENCHMARKS.md, "Sizing"). :data:`LOCAL_BYTES_PER_SYMBOL` rounds that up.
+take, the peak RSS of the whole driver process was 35.9-38.4 bytes per symbol on the 1 GB
+scale corpus (29.2 M symbols) and 29.3 on the 4 GB one (66.7 M; BENCHMARKS.md, "At scale").
+:data:`LOCAL_BYTES_PER_SYMBOL` rounds the largest up.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
-LOCAL_BYTES_PER_SYMBOL = 42  # measured 38.4 (BENCHMARKS.md), plus a margin
+LOCAL_BYTES_PER_SYMBOL = 42  # measured 29.3-38.4 (BENCHMARKS.md), plus a margin
 DRIVER_BASE_BYTES = 400 << 20  # interpreter, numpy/pyarrow, py4j, outputs and report
 BUDGET_SHARE = 0.8  # of the memory found, leave a fifth for everything else
 MB = 1 << 20

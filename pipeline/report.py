@@ -370,14 +370,31 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
                   corpus_tokens: int, sample: SampleStats | None, title: str = "spark-bpe run",
                   notes: Sequence[str] = (), extra: Sequence[tuple[str, str]] = ()) -> str:
     """The whole page as a string (pure Python: the tests render it without Spark)."""
-    vocab = tok.vocab
-    n_merges = len(tok.merges)
+    e = html.escape
+    body = [f"<h1>{e(title)}</h1>",
+            f'<p class="sub">Byte-pair encoding run report · {time.strftime("%Y-%m-%d %H:%M")}'
+            "</p>",
+            *_summary_section(tok, tokens_left, corpus_bytes, corpus_tokens, sample, extra),
+            *(f'<p class="note">{e(n)}</p>' for n in notes),
+            *_trace_section(tok, tokens_left),
+            *_compression_section(tokens_left, corpus_bytes, corpus_tokens, sample),
+            *_lengths_section(tok, sample),
+            *_examples_section(sample)]
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{e(title)}</title><style>{CSS}</style></head><body><main>"
+            + "\n".join(body) + "</main></body></html>")
+
+
+def _summary_section(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_bytes: int,
+                     corpus_tokens: int, sample: SampleStats | None,
+                     extra: Sequence[tuple[str, str]]) -> list[str]:
+    e = html.escape
     final_tokens = tokens_left[-1] if tokens_left else corpus_tokens
     train_bpt = corpus_bytes / final_tokens if final_tokens else float("nan")
-    e = html.escape
     summary = [
-        ("vocabulary", f"{len(vocab) + len(tok.special_tokens):,} = {tok.base.size:,} base "
-                       f"({tok.base.alphabet}) + {n_merges:,} merges + "
+        ("vocabulary", f"{len(tok.vocab) + len(tok.special_tokens):,} = {tok.base.size:,} "
+                       f"base ({tok.base.alphabet}) + {len(tok.merges):,} merges + "
                        f"{len(tok.special_tokens)} special"),
         ("split pattern", tok.pattern if len(tok.pattern) < 40 else "custom regex"),
         ("special tokens", ", ".join(tok.special_tokens) or "none"),
@@ -391,14 +408,13 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
                         f"{sample.curve[-1][1]:.3f} on {sample.rows:,} rows, "
                         f"{sample.bytes:,} bytes"))
     summary += list(extra)
-    body = [f"<h1>{e(title)}</h1>",
-            f'<p class="sub">Byte-pair encoding run report · {time.strftime("%Y-%m-%d %H:%M")}'
-            "</p>",
-            '<table class="kv">' + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>"
+    return ['<table class="kv">' + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>"
                                            for k, v in summary) + "</table>"]
-    body += [f'<p class="note">{e(n)}</p>' for n in notes]
 
-    # merge trace
+
+def _trace_section(tok: TrainedTokenizer, tokens_left: Sequence[int]) -> list[str]:
+    vocab, n_merges = tok.vocab, len(tok.merges)
+
     def trace_rows(idx: range) -> str:
         rows = []
         for i in idx:
@@ -414,28 +430,33 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
             '<col style="width:22%"><col style="width:16%"><col style="width:18%"></colgroup>'
             '<tr><th class="num">rank</th><th>pair</th><th>new token</th><th class="num">'
             'count</th><th class="num">tokens left</th></tr>')
-    body.append("<h2>Merge trace</h2>")
-    body.append('<p class="meta">Each merge joins the most frequent adjacent pair; count is how '
-                'often it occurred when chosen. ␣ is a space, ↵ a newline, ⇥ a tab.</p>')
+    out = ["<h2>Merge trace</h2>",
+           '<p class="meta">Each merge joins the most frequent adjacent pair; count is how '
+           'often it occurred when chosen. ␣ is a space, ↵ a newline, ⇥ a tab.</p>']
     if n_merges <= 2 * TRACE_ROWS:
-        body.append(head + trace_rows(range(n_merges)) + "</table>")
+        out.append(head + trace_rows(range(n_merges)) + "</table>")
     else:
-        body.append("<h3>First merges</h3>" + head + trace_rows(range(TRACE_ROWS)) + "</table>")
-        body.append("<h3>Last merges</h3>" + head +
-                    trace_rows(range(n_merges - TRACE_ROWS, n_merges)) + "</table>")
+        out.append("<h3>First merges</h3>" + head + trace_rows(range(TRACE_ROWS)) + "</table>")
+        out.append("<h3>Last merges</h3>" + head +
+                   trace_rows(range(n_merges - TRACE_ROWS, n_merges)) + "</table>")
+    return out
 
-    # compression curve
+
+def _compression_section(tokens_left: Sequence[int], corpus_bytes: int, corpus_tokens: int,
+                         sample: SampleStats | None) -> list[str]:
     series = [("training corpus", "#2f6fdf", corpus_curve(corpus_bytes, corpus_tokens,
                                                             tokens_left))]
     if sample is not None and sample.curve:
         series.append(("held-out sample" if sample.held_out else "sample (training rows)",
                        "#e0702b", sample.curve))
-    body.append("<h2>Compression</h2>")
-    body.append(line_chart(series, "merges", "bytes per token"))
+    out = ["<h2>Compression</h2>", line_chart(series, "merges", "bytes per token")]
     if sample is not None:
-        body.append(f'<p class="meta">Sample: {e(sample.label)}.</p>')
+        out.append(f'<p class="meta">Sample: {html.escape(sample.label)}.</p>')
+    return out
 
-    # token lengths
+
+def _lengths_section(tok: TrainedTokenizer, sample: SampleStats | None) -> list[str]:
+    vocab = tok.vocab
     cats = [str(i) for i in range(1, LONG_TOKEN)] + [f"{LONG_TOKEN}+"]
     vlen = Counter(min(len(t), LONG_TOKEN) for t in vocab)
     nv = sum(vlen.values()) or 1
@@ -445,27 +466,27 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
         ns = sum(sample.length_hist.values()) or 1
         hist.append(("tokens used in the sample", "#e0702b",
                      [sample.length_hist.get(i, 0) / ns for i in range(1, LONG_TOKEN + 1)]))
-    body.append("<h2>Token lengths</h2>")
-    body.append(bar_chart(cats, hist, "share of tokens by length in bytes"))
+    out = ["<h2>Token lengths</h2>",
+           bar_chart(cats, hist, "share of tokens by length in bytes")]
     longest = sorted(range(tok.base.size, len(vocab)), key=lambda i: -len(vocab[i]))[:8]
     if longest:
-        body.append('<p class="meta">Longest tokens: ' + " ".join(_tok_cell(vocab[i])
-                                                                   for i in longest) + "</p>")
+        out.append('<p class="meta">Longest tokens: ' + " ".join(_tok_cell(vocab[i])
+                                                                  for i in longest) + "</p>")
+    return out
 
-    # examples
-    if sample is not None and sample.examples:
-        body.append("<h2>Examples</h2>")
-        body.append('<p class="meta">Text from the sample, split into tokens (alternating '
-                    'colours; a dashed box is one character made of several byte tokens).</p>')
-        for toks in sample.examples:
-            n_bytes = sum(len(t) if isinstance(t, bytes) else len(t.encode()) for t in toks)
-            body.append(f'<p class="meta">{len(toks)} tokens, {n_bytes} bytes, '
-                        f"{n_bytes / max(len(toks), 1):.2f} bytes per token</p>")
-            body.append(f'<div class="example">{_example_html(toks)}</div>')
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{e(title)}</title><style>{CSS}</style></head><body><main>"
-            + "\n".join(body) + "</main></body></html>")
+
+def _examples_section(sample: SampleStats | None) -> list[str]:
+    if sample is None or not sample.examples:
+        return []
+    out = ["<h2>Examples</h2>",
+           '<p class="meta">Text from the sample, split into tokens (alternating colours; a '
+           'dashed box is one character made of several byte tokens).</p>']
+    for toks in sample.examples:
+        n_bytes = sum(len(t) if isinstance(t, bytes) else len(t.encode()) for t in toks)
+        out.append(f'<p class="meta">{len(toks)} tokens, {n_bytes} bytes, '
+                   f"{n_bytes / max(len(toks), 1):.2f} bytes per token</p>")
+        out.append(f'<div class="example">{_example_html(toks)}</div>')
+    return out
 
 
 # -- the Spark-facing entry point ----------------------------------------------------------------

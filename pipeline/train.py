@@ -420,6 +420,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
                            cfg.lowercase, cfg.normalization, tokenizer_name(cfg))
     with progress.stage("outputs"):
         notes = write_exports(cfg.output, tok, spark)
+        faults.at("outputs")  # tests: a kill here leaves new exports and no run.json
         write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
     t_report = time.time()
     with progress.stage("report"):

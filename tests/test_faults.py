@@ -257,6 +257,39 @@ def test_a_grown_input_is_recounted_by_the_same_command(spark, corpus, tmp_path,
 
 
 @pytest.mark.spark
+def test_a_rerun_killed_while_writing_outputs_leaves_no_run_json(spark, corpus, tmp_path,
+                                                                 procs):
+    """A rerun with a changed setting, killed after it rewrote some exports: the directory
+    holds no run.json (removed before training), so nothing claims the mixed files are a
+    complete run, and readers refuse it; the same command then completes it."""
+    from pipeline.encoder import EncodeError, Tokenizer
+
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run)]
+    p = submit([*args, "--vocab-size", str(257 + 100)], tmp_path, "first")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    old_merges = merges_txt(run)
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "killed",
+               env=job_env(SPARK_BPE_INJECT="outputs=pause:60"))
+    procs.append(p)
+    p.wait_until(lambda: "outputs: started" in p.log(), 180, "the output stage")
+    deadline = time.time() + 30
+    while merges_txt(run) == old_merges and time.time() < deadline:
+        time.sleep(0.1)
+    p.kill()
+    assert merges_txt(run) != old_merges, "the exports were not rewritten before the kill"
+    assert not (run / "run.json").exists()
+    with pytest.raises(EncodeError, match="not a complete run"):
+        Tokenizer.load(str(run))
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "finish")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert merges_txt(run) == merges_txt(ref) and Tokenizer.load(str(run)).merges
+
+
+@pytest.mark.spark
 @pytest.mark.slow
 def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path, procs):
     """A driver without the memory the engine needs: exit 1, one line naming the stage, the

@@ -7,7 +7,7 @@ key kept per word, and the key packed into an order-preserving int64 ``first_see
 needs more than 63 bits, replaced by its dense rank). A Spark aggregation does the merge; for an
 input of at most ``count_on_driver_max_mb`` the partials come to the driver as Arrow and numpy
 merges them instead, which avoids a shuffle and most of a fresh JVM's warm-up. Either way the
-word table does not depend on partitioning (DESIGN.md section 1).
+word table does not depend on partitioning (docs/DESIGN.md section 1).
 """
 
 from __future__ import annotations
@@ -786,7 +786,8 @@ def _collect_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pr
         frame = _partial_frame(spark, corpus, cfg, spec, plan).persist(StorageLevel.DISK_ONLY)
         try:
             frame.count()
-            return collect_arrow(frame)
+            with job_group(spark.sparkContext, "count-fetch"):  # not counted as count tasks
+                return collect_arrow(frame)
         finally:
             frame.unpersist()
     text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
@@ -801,9 +802,10 @@ def _collect_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pr
     rdd.persist(StorageLevel.DISK_ONLY)
     try:
         rdd.count()
-        return pa.Table.from_batches(
-            [b for blob in rdd.toLocalIterator(prefetchPartitions=True)
-             for b in pa.ipc.open_stream(blob)], schema=PARTIAL_ARROW_SCHEMA)
+        with job_group(spark.sparkContext, "count-fetch"):  # not counted as count tasks
+            return pa.Table.from_batches(
+                [b for blob in rdd.toLocalIterator(prefetchPartitions=True)
+                 for b in pa.ipc.open_stream(blob)], schema=PARTIAL_ARROW_SCHEMA)
     finally:
         rdd.unpersist()
 

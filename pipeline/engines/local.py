@@ -19,9 +19,9 @@ upper bound, position lower bound, id) and is fixed lazily when an entry reaches
 
 Memory, per symbol of the word table: tok, nxt, prv and pid are 4 bytes each (8 for indices
 past 2**31), w 2 bytes, and the position buffer holds about 1-2 entries of 4 bytes; per
-registered pair 24 bytes. The arrays come from an :class:`Arrays` allocator: in
-memory on the driver, memory-mapped files in an executor's scratch directory for the Spark
-engine (``engines/partition.py``).
+registered pair 32 bytes (count, buffer range lo/hi: int64; tokens pa/pb: int32). The arrays
+come from an :class:`Arrays` allocator: in memory on the driver, memory-mapped files in an
+executor's scratch directory for the Spark engine (``engines/partition.py``).
 """
 
 from __future__ import annotations

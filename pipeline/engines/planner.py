@@ -3,15 +3,16 @@
 Holds the exact pair counts, a tie key per pair (its smallest position in corpus order, exact
 or a lower bound), and picks each round's batch of merges: best-first, accepting the next
 candidate only while its count is strictly greater than the pre-round count of every pair the
-already accepted merges touch, and stopping after an ``(a, a)`` merge (DESIGN.md section 3).
+already accepted merges touch, and stopping after an ``(a, a)`` merge (docs/DESIGN.md section 3).
 Those merges are exactly the ones the sequential trainer would make next.
 
 Words are range-partitioned by ``first_seen`` and positions are global (the words of all
 partitions end to end), so a pair's smallest position lies in the lowest partition that has
 it. Each round every partition reports, for the pairs whose count changed there, its smallest
 position left; the report of the lowest partition wins. A key only becomes
-inexact when a pair vanishes from the partition that held its smallest position; such keys are
-refreshed on demand, and only when they decide a tie.
+inexact when a pair vanishes from the partition that held its smallest position; such a key is
+refreshed (one Spark job for all the entries of its count) only when it reaches the top of the
+heap, where it may decide a tie.
 
 A pair is kept only while its count reaches ``min_pair_count``: after the round that creates
 it, a pair only loses occurrences, so one below the floor can never be merged, and leaving it

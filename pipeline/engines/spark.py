@@ -1,8 +1,10 @@
 """Merge rounds on Spark: each partition of the working set is a :class:`FlatMergeState`
 kept in the scratch directory of the executor that built it (``engines/partition.py``).
 
-- The word table is range-partitioned by ``first_seen`` and cut into Arrow chunks of at most
-  ``CHUNK_BYTES`` (no record is ever bigger), persisted on disk: the recovery path.
+- The word table is range-partitioned by ``first_seen`` and cut into Arrow chunks of about
+  ``CHUNK_BYTES`` of rows (a chunk closes once it reaches that size, so it passes it by at most
+  one slice of rows, itself sized to about ``CHUNK_BYTES``), persisted on disk: the recovery
+  path.
 - A *holder* task per partition builds the partition's state from its chunks, on the
   executor that runs it, and leaves a one-row record in Spark's cache. Later tasks over the
   holders run where those records are (Spark's locality), open the state there and ship only
@@ -67,7 +69,7 @@ def symbols_of(words: pa.Array, char_ids: dict[str, int] | None, suffix_id: int 
 
 def _chunker(chunk_bytes: int):
     """Rows of one range partition (sorted by first_seen) -> Arrow IPC chunks of about
-    ``chunk_bytes`` of words each."""
+    ``chunk_bytes`` of rows (words, counts and first_seen) each."""
     return lambda batches: _chunk_partition(batches, chunk_bytes)
 
 
