@@ -116,7 +116,7 @@ def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path, m
     words = table.column("word").to_pylist()
     counts = table.column("count").to_pylist()
     ids, base = initial_words(words)
-    n = 2000
+    n = 1200
     expected = train_oracle(ids, counts, base.tokens, n)
     runs = {}
     symbols = sum(len(w) for w in words)
