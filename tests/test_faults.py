@@ -57,6 +57,20 @@ def resumed_from(log: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def first_run(spark, corpus: Path, tmp_path: Path, procs: list, merges: int
+              ) -> tuple[Path, Path, list[str]]:
+    """The reference run, and a finished first run of ``merges`` merges into tmp_path/run from
+    its word table (driver engine, a checkpoint every 20 merges): (reference, run, args)."""
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
+            "--engine", "local", "--checkpoint-every-merges", "20"]
+    p = submit([*args, "--vocab-size", str(257 + merges)], tmp_path, "first")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    return ref, run, args
+
+
 # -- the checkpoint file itself (no Spark) --------------------------------------------------------
 
 def _merges(n: int) -> list[Merge]:
@@ -264,12 +278,7 @@ def test_a_rerun_killed_while_writing_outputs_leaves_no_run_json(spark, corpus, 
     complete run, and readers refuse it; the same command then completes it."""
     from pipeline.encoder import EncodeError, Tokenizer
 
-    ref = reference_run(spark, corpus, VOCAB)
-    run = tmp_path / "run"
-    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run)]
-    p = submit([*args, "--vocab-size", str(257 + 100)], tmp_path, "first")
-    procs.append(p)
-    assert p.wait(180) == 0, p.tail()
+    ref, run, args = first_run(spark, corpus, tmp_path, procs, 100)
     old_merges = merges_txt(run)
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "killed",
                env=job_env(SPARK_BPE_INJECT="outputs=pause:60"))
@@ -294,13 +303,7 @@ def test_a_rerun_killed_while_writing_outputs_leaves_no_run_json(spark, corpus, 
 def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path, procs):
     """A driver without the memory the engine needs: exit 1, one line naming the stage, the
     memory and the setting to change; the checkpoints stay valid and a rerun resumes."""
-    ref = reference_run(spark, corpus, VOCAB)
-    run = tmp_path / "run"
-    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
-            "--engine", "local", "--checkpoint-every-merges", "20"]
-    p = submit([*args, "--vocab-size", str(257 + 100)], tmp_path, "first")
-    procs.append(p)
-    assert p.wait(180) == 0, p.tail()
+    ref, run, args = first_run(spark, corpus, tmp_path, procs, 100)
 
     # a bigger vocabulary on a driver that cannot allocate the engine's arrays
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "short-of-memory",
@@ -362,13 +365,7 @@ def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, 
                                                                  procs):
     """The disk fills up while checkpoints are written (no file may grow past 2 KB): exit 1,
     one line naming the file; the earlier checkpoints stay valid and a rerun resumes."""
-    ref = reference_run(spark, corpus, VOCAB)
-    run = tmp_path / "run"
-    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
-            "--engine", "local", "--checkpoint-every-merges", "20"]
-    p = submit([*args, "--vocab-size", str(257 + 60)], tmp_path, "first")
-    procs.append(p)
-    assert p.wait(180) == 0, p.tail()
+    ref, run, args = first_run(spark, corpus, tmp_path, procs, 60)
     assert newest_checkpoint(run / "checkpoints") == 60
 
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "disk-full",

@@ -244,3 +244,14 @@ def test_driver_digest_equals_sparks(spark, mixed_corpus, tmp_path):
     assert json.loads((out / "word_table.json").read_text())["digest"] == wt.meta["digest"]
     changed = wt.table.set_column(1, "count", pc.add(wt.table.column("count"), 1))
     assert word_count.table_digest(changed) != wt.meta["digest"]
+
+
+def test_collect_arrow_brings_every_row_in_partition_order(spark):
+    """The driver's partition-at-a-time reader (used off local disk): the same rows, in the
+    same order, as Spark's own collect; an empty frame keeps its schema."""
+    df = spark.range(0, 5000, 1, 7).selectExpr("id", "cast(id * 3 as string) as w")
+    got = word_count.collect_arrow(df)
+    assert got.column("id").to_pylist() == list(range(5000))
+    assert got.column("w").to_pylist() == [r["w"] for r in df.collect()]
+    empty = word_count.collect_arrow(df.where("id < 0"))
+    assert empty.num_rows == 0 and empty.column_names == ["id", "w"]

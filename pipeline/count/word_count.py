@@ -270,9 +270,11 @@ PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
                                   ("rank", pa.int32())])
 
 
-def _arrow_ipc(batches: Iterator[pa.RecordBatch]) -> bytes:
+def _arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema = PARTIAL_ARROW_SCHEMA
+               ) -> bytes:
+    """Record batches as one Arrow IPC stream (bytes the JVM passes through untouched)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PARTIAL_ARROW_SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, schema) as writer:
         for b in batches:
             writer.write_batch(b)
     return sink.getvalue().to_pybytes()
@@ -538,10 +540,7 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
             if b.num_rows:
-                sink = pa.BufferOutputStream()
-                with pa.ipc.new_stream(sink, b.schema) as writer:
-                    writer.write_batch(b)
-                yield pa.RecordBatch.from_arrays([pa.array([sink.getvalue().to_pybytes()],
+                yield pa.RecordBatch.from_arrays([pa.array([_arrow_ipc([b], b.schema)],
                                                            pa.binary())], ["ipc"])
 
     batches = [b for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(
