@@ -71,8 +71,9 @@ class Config:
                          "external (word, count[, first_seen]) Parquet or TSV table", (TRAIN,))
     output: str = opt("", "output directory: the run (train), the word table (count_words), "
                           "the encoded corpus (encode)")
-    count_on_driver_max_mb: int = opt(128, "inputs up to this many MB of Parquet merge their "
-                                           "partial counts on the driver (0 = always Spark)", CT)
+    count_merge: str = opt("auto", "where the tasks' partial counts are merged (auto: on the "
+                                   "driver when they fit its memory budget)", CT,
+                           ("auto", "driver", "spark"))
     count_reader: str = opt("auto", "auto: local Parquet read by pyarrow in the tasks, else "
                                     "Spark's scan", CT, ("auto", "spark", "arrow"))
     ignore_corrupt_files: bool = opt(False, "skip input files that cannot be read (listed in "
@@ -95,8 +96,8 @@ class Config:
     max_token_bytes: int = opt(0, "never make a token longer than this (0 = no limit)", (TRAIN,))
     engine: str = opt("auto", "merge engine (auto: decided by memory)", (TRAIN,),
                       ("auto", "spark", "local"))
-    driver_budget_mb: int = opt(0, "MB the driver engine may use (0 = derived from what the "
-                                   "driver has)", (TRAIN,))
+    driver_budget_mb: int = opt(0, "MB the driver may use for the count merge and the driver "
+                                   "engine (0 = derived from what the driver has)", CT)
     batch_merges: bool = opt(True, "spark engine: several merges per round when provably "
                                    "exact", (TRAIN,))
     max_batch: int = opt(256, "spark engine: most merges in one round", (TRAIN,))
@@ -337,7 +338,6 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     need(cfg.driver_budget_mb >= 0, "config key 'driver_budget_mb' must be >= 0 (0 = derived "
          "from the memory the driver has)")
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
-    need(cfg.count_on_driver_max_mb >= 0, "config key 'count_on_driver_max_mb' must be >= 0")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
     need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
     need(cfg.lease_timeout_seconds > 0, "config key 'lease_timeout_seconds' must be > 0")

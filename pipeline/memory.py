@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 LOCAL_BYTES_PER_SYMBOL = 42  # measured 29.3-38.4 (BENCHMARKS.md), plus a margin
 DRIVER_BASE_BYTES = 400 << 20  # interpreter, numpy/pyarrow, py4j, outputs and report
+COUNT_MERGE_BYTES_PER_BYTE = 3.5  # driver peak per byte of partial counts (Arrow): 3.2 measured
+HELD_BYTES_PER_BYTE = 1.6  # partial counts held split into hash buckets: 1.46 measured
+MAX_MERGE_BUCKETS = 64
 BUDGET_SHARE = 0.8  # of the memory found, leave a fifth for everything else
 MB = 1 << 20
 
@@ -112,6 +115,37 @@ def choose_engine(requested: str, symbols: int, budget: Budget) -> tuple[str, st
         return requested, f"engine {requested} (as configured): {numbers}"
     engine = "local" if need <= budget.bytes else "spark"
     return engine, f"engine auto -> {engine}: {numbers}"
+
+
+def count_merge_bytes(partial_bytes: int, buckets: int = 1) -> int:
+    """Peak memory of the driver process merging ``partial_bytes`` of the count tasks'
+    partial counts (Arrow) with numpy: in one piece, the partials, their word dictionary and
+    the sums and minima; in hash buckets, the partials held once (split) plus one bucket's
+    merge. Measured on the 1 GB scale corpus's 256 MB of partials: 3.2 bytes per byte in one
+    piece, 2.3 in 5 buckets (which costs about 4 s more)."""
+    if buckets == 1:
+        return DRIVER_BASE_BYTES + int(COUNT_MERGE_BYTES_PER_BYTE * partial_bytes)
+    return DRIVER_BASE_BYTES + int(partial_bytes * (HELD_BYTES_PER_BYTE
+                                                    + COUNT_MERGE_BYTES_PER_BYTE / buckets))
+
+
+def choose_count_merge(requested: str, partial_bytes: int, budget: Budget
+                       ) -> tuple[str, int, str]:
+    """Where the count's partial counts are merged (``driver`` or ``spark``), in how many hash
+    buckets on the driver (the fewest that fit the budget: one is fastest), and why."""
+    buckets = 1
+    while count_merge_bytes(partial_bytes, buckets) > budget.bytes \
+            and buckets < MAX_MERGE_BUCKETS:
+        buckets *= 2
+    need = count_merge_bytes(partial_bytes, buckets)
+    split = f" in {buckets} hash buckets" if buckets > 1 else ""
+    numbers = (f"merging {partial_bytes / 2**20:,.1f} MB of partial counts on the driver"
+               f"{split} needs about {need / 2**30:.2f} GB; driver budget "
+               f"{budget.bytes / 2**30:.2f} GB ({budget.source})")
+    if requested != "auto":
+        return requested, buckets, f"count merge {requested} (as configured): {numbers}"
+    where = "driver" if need <= budget.bytes else "spark"
+    return where, buckets, f"count merge auto -> {where}: {numbers}"
 
 
 def fits_driver(tokens: int, budget: Budget) -> bool:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from pipeline.memory import (
+    COUNT_MERGE_BYTES_PER_BYTE,
     DRIVER_BASE_BYTES,
     LOCAL_BYTES_PER_SYMBOL,
     MB,
     Budget,
     available_bytes,
+    choose_count_merge,
     choose_engine,
+    count_merge_bytes,
     driver_budget,
     fits_driver,
     local_engine_bytes,
@@ -34,6 +37,27 @@ def test_auto_takes_the_driver_only_when_the_budget_holds_the_table():
     # the hand-off from Spark rounds: once the working set fits
     assert fits_driver(symbols, Budget(need, "t")) and not fits_driver(symbols + 1,
                                                                        Budget(need, "t"))
+
+
+def test_the_count_merges_on_the_driver_only_when_the_budget_holds_the_partials():
+    partial = 270 * MB  # the 1 GB scale corpus's four tasks
+    need = DRIVER_BASE_BYTES + COUNT_MERGE_BYTES_PER_BYTE * partial
+    assert count_merge_bytes(partial) == int(need)
+    where, buckets, why = choose_count_merge("auto", partial, Budget(need, "test"))
+    assert (where, buckets) == ("driver", 1)
+    assert why.startswith("count merge auto -> driver: merging 270.0 MB")
+    # a tighter budget: the fewest hash buckets that fit (each bucket merged on its own)
+    where, buckets, why = choose_count_merge("auto", partial, Budget(need - 1, "test"))
+    assert where == "driver" and buckets == 2 and "in 2 hash buckets" in why
+    assert count_merge_bytes(partial, 2) <= need - 1 < count_merge_bytes(partial)
+    tight = count_merge_bytes(partial, 16)
+    assert choose_count_merge("auto", partial, Budget(tight, "t"))[:2] == ("driver", 16)
+    assert choose_count_merge("auto", partial, Budget(tight - 1, "t"))[:2] == ("driver", 32)
+    # the partials alone do not fit: Spark merges them
+    where, _, why = choose_count_merge("auto", partial, Budget(partial, "test"))
+    assert where == "spark" and "(test)" in why
+    assert choose_count_merge("driver", partial, Budget(1, "t"))[0] == "driver"
+    assert choose_count_merge("spark", 1, Budget(100 * GB, "t"))[0] == "spark"
 
 
 def test_the_budget_comes_from_the_driver_memory_that_exists():

@@ -4,17 +4,23 @@ with the pipeline's counting), and its error handling."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import Config, ConfigError
 from pipeline.count import word_count
 from pipeline.count.word_count import count_words
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 
 from .conftest import REPO, SAMPLE
 from .naive_count import NaiveTable, naive_count, word_table_differences
@@ -63,16 +69,16 @@ def naive_mixed(mixed_corpus) -> NaiveTable:
     return table
 
 
-# count_on_driver_max_mb: 256 merges the tasks' partial counts on the driver (this corpus is
-# tiny), 0 forces the Spark aggregation; count_reader: pyarrow in the tasks, or Spark's scan
+# count_merge: the tasks' partial counts merged on the driver (numpy) or by a Spark
+# aggregation; count_reader: pyarrow in the tasks, or Spark's scan
 @pytest.mark.parametrize("reader", ["arrow", "spark"])
-@pytest.mark.parametrize("on_driver_mb", [256, 0])
+@pytest.mark.parametrize("merge", ["driver", "spark"])
 @pytest.mark.parametrize("partitions", [1, 3, 17])
 def test_word_table_equals_the_naive_count(spark, mixed_corpus, naive_mixed, tmp_path,
-                                           partitions, on_driver_mb, reader):
+                                           partitions, merge, reader):
     out = tmp_path / "words"
     cfg = Config(input=str(mixed_corpus), output=str(out), special_tokens=["<|endoftext|>"],
-                 num_partitions=partitions, count_on_driver_max_mb=on_driver_mb,
+                 num_partitions=partitions, count_merge=merge,
                  count_reader=reader)
     count_words(spark, cfg)
     assert_word_table(out, naive_mixed)
@@ -81,41 +87,42 @@ def test_word_table_equals_the_naive_count(spark, mixed_corpus, naive_mixed, tmp
     assert saved["null_rows"] > 0 and saved["empty_rows"] > 0 and saved["special_tokens"] > 0
 
 
-@pytest.mark.parametrize("on_driver_mb", [256, 0])
-def test_word_table_with_split_files(spark, mixed_corpus, naive_mixed, tmp_path, on_driver_mb):
+@pytest.mark.parametrize("merge", ["driver", "spark"])
+def test_word_table_with_split_files(spark, mixed_corpus, naive_mixed, tmp_path, merge):
     """Spark's own file splitting (row groups of one file in different tasks) changes nothing."""
     spark.conf.set("spark.sql.files.maxPartitionBytes", "4096")
     try:
         out = tmp_path / "words"
         count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                                   special_tokens=["<|endoftext|>"],
-                                  count_on_driver_max_mb=on_driver_mb))
+                                  count_merge=merge))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
     assert_word_table(out, naive_mixed)
 
 
-@pytest.mark.parametrize(("on_driver_mb", "reader"), [(256, "arrow"), (0, "arrow"), (0, "spark")])
+@pytest.mark.parametrize(("merge", "reader"), [("driver", "arrow"), ("spark", "arrow"),
+                                             ("spark", "spark")])
 def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, naive_mixed,
-                                                           tmp_path, monkeypatch, on_driver_mb,
+                                                           tmp_path, monkeypatch, merge,
                                                            reader):
     """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order."""
     monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"],
-                              count_on_driver_max_mb=on_driver_mb, count_reader=reader))
+                              count_merge=merge, count_reader=reader))
     assert_word_table(out, naive_mixed, dense=True)
 
 
-@pytest.mark.parametrize("on_driver_mb", [256, 0])
-def test_long_words_are_left_out_in_their_places(spark, mixed_corpus, tmp_path, on_driver_mb):
+@pytest.mark.parametrize("merge", ["driver", "spark"])
+def test_long_words_are_left_out_in_their_places(spark, mixed_corpus, tmp_path, merge):
     """Words over max_word_bytes are not in the table but keep their ranks: first_seen of the
     others, and the bit widths, are as if they were there."""
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"], max_word_bytes=6,
-                              count_on_driver_max_mb=on_driver_mb))
+                              count_merge=merge))
     naive = naive_count_of(mixed_corpus, special_tokens=["<|endoftext|>"], max_word_bytes=6)
     assert naive.stats["long_words"] > 1000
     assert_word_table(out, naive)
@@ -185,15 +192,36 @@ def test_count_job_exit_codes(tmp_path):
 def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixed_corpus,
                                                                       naive_mixed, tmp_path,
                                                                       monkeypatch):
-    def too_big(*args):
+    def too_big(self, buckets=1):  # noqa: ARG001
         raise RuntimeError("Total size of serialized results is bigger than "
                            "spark.driver.maxResultSize (1024.0 MiB)")
 
-    monkeypatch.setattr(word_count, "_collect_partials", too_big)
+    monkeypatch.setattr(word_count.Partials, "fetch", too_big)
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
-                              special_tokens=["<|endoftext|>"]))
+                              special_tokens=["<|endoftext|>"], count_merge="driver"))
     assert_word_table(out, naive_mixed)
+
+
+@pytest.mark.parametrize("reader", ["arrow", "spark"])
+def test_auto_merges_where_the_measured_partials_fit(spark, mixed_corpus, naive_mixed, tmp_path,
+                                                     caplog, reader):
+    """count_merge = auto: the partial counts are measured, then merged on the driver when the
+    driver budget holds them, else by Spark (from the same partials: nothing counted twice)."""
+    for budget_mb, where in ((4096, "driver"), (1, "spark")):
+        out = tmp_path / f"words-{budget_mb}"
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pipeline.count.word_count"):
+            wt = count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                                           special_tokens=["<|endoftext|>"], count_reader=reader,
+                                           driver_budget_mb=budget_mb))
+        line = next(r.getMessage() for r in caplog.records
+                    if "count merge auto" in r.getMessage())
+        assert f"count merge auto -> {where}" in line
+        size = float(re.search(r"merging ([\d,.]+) MB of partial counts", line).group(1))
+        assert 0 < size < 10  # measured: a few hundred kB of Arrow for this corpus
+        assert (wt.table is not None) == (where == "driver")  # kept in memory when merged here
+        assert_word_table(out, naive_mixed)
 
 
 def test_local_listing_matches_sparks(spark, mixed_corpus, tmp_path):
@@ -255,3 +283,32 @@ def test_collect_arrow_brings_every_row_in_partition_order(spark):
     assert got.column("w").to_pylist() == [r["w"] for r in df.collect()]
     empty = word_count.collect_arrow(df.where("id < 0"))
     assert empty.num_rows == 0 and empty.column_names == ["id", "w"]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tasks=st.lists(st.lists(st.text(alphabet="ab c\n1é", max_size=30), max_size=12),
+                      min_size=1, max_size=5),
+       buckets=st.sampled_from([2, 3, 8]), dense=st.booleans())
+def test_a_merge_in_hash_buckets_equals_the_merge_in_one_piece(monkeypatch, tasks, buckets,
+                                                               dense):
+    """The driver merge split into hash buckets (for a tight driver budget) gives the same
+    word table, row for row, as the merge in one piece, and the counts of all rows."""
+    if dense:
+        monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+    pre = Pretokenizer(PretokenizerSpec())
+    batches = []
+    for file_index, rows in enumerate(tasks):  # task i counts file i
+        wc = WordCounter(pre, file_index)
+        for row, text in enumerate(rows):
+            wc.add_row(row, text)
+        batches += list(word_count._partial_batches([(wc, 0, 1)]))
+    one, stats = word_count.merge_partials(word_count.BucketedPartials.of(batches, 1),
+                                           len(tasks))
+    split, split_stats = word_count.merge_partials(
+        word_count.BucketedPartials.of(batches, buckets), len(tasks))
+    assert split.equals(one) and split_stats == stats
+    every = Counter(w.encode() for rows in tasks for text in rows for w in pre.words(text))
+    assert dict(zip(one.column("word").to_pylist(), one.column("count").to_pylist())) == every
+    bucket_of = word_count.word_buckets(one.column("word").combine_chunks(), buckets)
+    assert bucket_of.min(initial=0) >= 0 and bucket_of.max(initial=0) < buckets

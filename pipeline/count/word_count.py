@@ -4,9 +4,10 @@ Text reaches Python in Arrow batches (``mapInArrow``). Each task counts the word
 per input file and remembers each word's first occurrence as (file index, row, index of the
 word's first match in the row). The partial counts are then merged: counts summed, the smallest
 key kept per word, and the key packed into an order-preserving int64 ``first_seen`` (or, when it
-needs more than 63 bits, replaced by its dense rank). A Spark aggregation does the merge; for an
-input of at most ``count_on_driver_max_mb`` the partials come to the driver as Arrow and numpy
-merges them instead, which avoids a shuffle and most of a fresh JVM's warm-up. Either way the
+needs more than 63 bits, replaced by its dense rank). The partials wait on the executors'
+disks while the merge is chosen from their measured size (``count_merge``, ``memory.py``):
+when they fit the driver's memory they come to the driver as Arrow and numpy merges them
+(no shuffle, none of a fresh JVM's warm-up), else a Spark aggregation does. Either way the
 word table does not depend on partitioning (docs/DESIGN.md section 1).
 """
 
@@ -31,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark import StorageLevel
+from pyspark import RDD, Accumulator, StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -39,6 +40,7 @@ from pyspark.sql.utils import AnalysisException
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
+from pipeline.memory import choose_count_merge, driver_budget
 from pipeline.pretokenize import (
     FirstSeenLayout,
     Pretokenizer,
@@ -64,6 +66,7 @@ _PARTIAL_SCHEMA = (
     "kind byte, word binary, count long, file int, block long, row long, rank int"
 )
 KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
+BLOB_ROWS = 1 << 16  # words per partial-count batch: about 3 MB of Arrow
 UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
 
 
@@ -292,7 +295,9 @@ def _partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None =
     maxima = {"max_row": 0, "max_rank": 0, "max_block": 0}
     for wc, block, weight in counters:
         if wc.counts:
-            yield _word_batch(wc, block, weight)
+            batch = _word_batch(wc, block, weight)
+            for at in range(0, batch.num_rows, BLOB_ROWS):  # no record over a few MB
+                yield batch.slice(at, BLOB_ROWS)
         for k, v in wc.stats.as_dict().items():
             setattr(total, k, getattr(total, k) + v)
         maxima["max_row"] = max(maxima["max_row"], wc.max_row)
@@ -406,7 +411,7 @@ def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
     ).agg(F.sum("count").alias("count"), F.max("max").alias("max"),
           F.count(F.lit(1)).alias("rows")).collect()
     t_count = time.time()
-    log.info("counted words in %.1f s", t_count - t0)
+    log.info("merged the partial counts with Spark in %.1f s", t_count - t0)
     stats = {bytes(r["name"]).decode(): int(r["count"] if r["kind"] == KIND_STAT else r["max"])
              for r in summary if r["kind"] != KIND_WORD}
     unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
@@ -435,45 +440,109 @@ def _layout(stats: dict[str, int], n_files: int) -> FirstSeenLayout | None:
     return FirstSeenLayout.fit(n_files, max_row, max_rank)
 
 
-def merge_partials(partial: pa.Table, n_files: int) -> tuple[pa.Table, dict[str, int]]:
-    """The driver-side merge of the tasks' partial output (``_PARTIAL_SCHEMA``): the word table
-    (same rows as :func:`_merge_with_spark` writes, sorted by first_seen) and the statistics."""
-    kind = partial.column("kind").to_numpy()
+def word_buckets(words: pa.Array, k: int) -> np.ndarray:
+    """A bucket in [0, k) per word, from its bytes alone (CRC-32): a word lands in the same
+    bucket whichever task or batch it comes from."""
+    crc = np.fromiter(map(zlib.crc32, words.to_pylist()), dtype=np.uint32, count=len(words))
+    return (crc % k).astype(np.intp)
+
+
+@dataclass
+class BucketedPartials:
+    """The tasks' partial counts on the driver, word rows split into hash buckets so that each
+    bucket is merged on its own (peak memory: the partials once, plus one bucket's merge)."""
+
+    buckets: list[list[pa.RecordBatch]]
+    side: list[pa.RecordBatch]
+
+    @classmethod
+    def of(cls, batches: Iterable[pa.RecordBatch], k: int) -> BucketedPartials:
+        out = cls([[] for _ in range(k)], [])
+        for b in batches:  # a task's batches hold words, or statistics
+            is_word = b.column(0).to_numpy() == KIND_WORD
+            if not is_word.all():
+                out.side.append(b.filter(pa.array(~is_word)))
+                b = b.filter(pa.array(is_word))
+            if not b.num_rows:
+                continue
+            if k == 1:
+                out.buckets[0].append(b)
+                continue
+            bucket = word_buckets(b.column(1), k)
+            order = np.argsort(bucket, kind="stable")
+            b = b.take(pa.array(order))  # a copy: the fetched Arrow stream can be let go
+            at = 0
+            for i, n in enumerate(np.bincount(bucket, minlength=k)):
+                if n:
+                    out.buckets[i].append(b.slice(at, n))
+                at += n
+        return out
+
+
+def _side_stats(side: list[pa.RecordBatch]) -> dict[str, int]:
     stats: dict[str, int] = {}
-    side = partial.filter(pa.array(kind != KIND_WORD))
-    for k, name, value in zip(side.column("kind").to_pylist(), side.column("word").to_pylist(),
-                              side.column("count").to_pylist()):
-        key = bytes(name).decode()
-        if k == KIND_STAT:  # summed over tasks
-            stats[key] = stats.get(key, 0) + value
-        else:  # KIND_MAX: the largest over tasks
-            stats[key] = max(stats.get(key, 0), value)
-    words = partial.filter(pa.array(kind == KIND_WORD))
+    for b in side:
+        for k, name, value in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
+                                  b.column(2).to_pylist()):
+            key = bytes(name).decode()
+            if k == KIND_STAT:  # summed over tasks
+                stats[key] = stats.get(key, 0) + value
+            else:  # KIND_MAX: the largest over tasks
+                stats[key] = max(stats.get(key, 0), value)
+    return stats
+
+
+def _merge_bucket(batches: list[pa.RecordBatch], layout: FirstSeenLayout | None
+                  ) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """One bucket's distinct words, their summed counts and their first keys: packed
+    (``layout``) or, for dense ranks, the (file, block, row, rank) columns stacked."""
+    words = pa.Table.from_batches(batches, schema=PARTIAL_ARROW_SCHEMA)
     ids = pc.dictionary_encode(words.column("word").combine_chunks())  # one dictionary
-    word_id = ids.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    count = words.column("count").to_numpy()
+    word_id = ids.indices.to_numpy(zero_copy_only=False)
+    n = len(ids.dictionary)
+    totals = np.zeros(n, dtype=np.int64)  # exact int64 sums (np.bincount goes through float64)
+    np.add.at(totals, word_id, words.column("count").to_numpy())
     file = words.column("file").to_numpy().astype(np.int64)
     row = words.column("row").to_numpy()
     rank = words.column("rank").to_numpy().astype(np.int64)
-    n = len(ids.dictionary)
-    by_word = np.argsort(word_id, kind="stable")
-    totals = np.zeros(n, dtype=np.int64)
-    if n:  # exact int64 sums (np.bincount would go through float64)
-        starts = np.flatnonzero(np.r_[True, np.diff(word_id[by_word]) != 0])
-        totals = np.add.reduceat(count[by_word], starts)
-    block = words.column("block").to_numpy()
-    by_key = np.lexsort((rank, row, block, file))  # rows in order of their first key
-    _, first_at = np.unique(word_id[by_key], return_index=True)
-    rep = by_key[first_at]  # each word's row with the smallest (file, block, row, rank)
+    if layout is not None:  # the packed key preserves (file, row, rank) order: its minimum
+        key = (file << (layout.row_bits + layout.rank_bits)) | (row << layout.rank_bits) | rank
+        first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, word_id, key)
+    else:  # each word's row with the smallest (file, block, row, rank)
+        block = words.column("block").to_numpy()
+        by_key = np.lexsort((rank, row, block, file))
+        _, first_at = np.unique(word_id[by_key], return_index=True)
+        rep = by_key[first_at]
+        first = np.stack([file[rep], block[rep], row[rep], rank[rep]])
+    return ids.dictionary.cast(pa.binary()), totals, first
+
+
+def merge_partials(partial: pa.Table | BucketedPartials, n_files: int
+                   ) -> tuple[pa.Table, dict[str, int]]:
+    """The driver-side merge of the tasks' partial output (``_PARTIAL_SCHEMA``), one hash
+    bucket at a time: the word table (same rows as :func:`_merge_with_spark` writes, sorted by
+    first_seen) and the statistics."""
+    if isinstance(partial, pa.Table):
+        partial = BucketedPartials.of(partial.to_batches(), 1)
+    stats = _side_stats(partial.side)
     layout = _layout(stats, n_files)
+    words, totals, firsts = [], [], []
+    while partial.buckets:
+        w, t, f = _merge_bucket(partial.buckets.pop(), layout)
+        words.append(w)
+        totals.append(t)
+        firsts.append(f)
     if layout is not None:
-        first_seen = ((file[rep] << (layout.row_bits + layout.rank_bits))
-                      | (row[rep] << layout.rank_bits) | rank[rep])
-    else:  # dense ranks: first_at are positions in key order
-        first_seen = np.empty(n, dtype=np.int64)
-        first_seen[np.argsort(first_at)] = np.arange(n, dtype=np.int64)
+        first_seen = np.concatenate(firsts) if firsts else np.zeros(0, dtype=np.int64)
+    else:  # dense ranks of the first keys
+        file, block, row, rank = np.concatenate(firsts, axis=1) if firsts \
+            else np.zeros((4, 0), dtype=np.int64)
+        first_seen = np.empty(len(file), dtype=np.int64)
+        first_seen[np.lexsort((rank, row, block, file))] = np.arange(len(file), dtype=np.int64)
     table = pa.Table.from_arrays(
-        [ids.dictionary.cast(pa.binary()), pa.array(totals, pa.int64()),
+        [pa.chunked_array(words, pa.binary()),
+         pa.array(np.concatenate(totals) if totals else np.zeros(0, np.int64), pa.int64()),
          pa.array(first_seen, pa.int64())],
         schema=pa.schema([pa.field(f.name, pa.binary() if f.name == "word" else pa.int64(),
                                    nullable=False) for f in WORD_TABLE_SCHEMA.fields]),
@@ -504,23 +573,6 @@ def format_digest(xor: int | None, rows: int) -> str:
     return f"c{(int(xor or 0)) & (2**64 - 1):016x}-{int(rows)}"
 
 
-def _input_megabytes(spark: SparkSession, files: list[str]) -> float | None:
-    """Size of the input files in MB, or None when listing sizes would take long (many files
-    on a remote filesystem)."""
-    if all(fsutil.is_local(f) for f in files):
-        try:
-            return sum(os.path.getsize(fsutil.local_path(f)) for f in files) / 1e6
-        except OSError:  # not files (a DataFrame): merged by Spark
-            return None
-    if len(files) > 200:
-        return None
-    total = 0
-    for f in files:
-        fs, p = fsutil._fs(spark, f)
-        total += fs.getFileStatus(p).getLen()
-    return total / 1e6
-
-
 def _write_table(spark: SparkSession, table: pa.Table, path: str) -> None:
     """Write a word table made on the driver: directly when local, through Spark otherwise."""
     if fsutil.is_local(path):
@@ -531,8 +583,8 @@ def _write_table(spark: SparkSession, table: pa.Table, path: str) -> None:
         spark.createDataFrame(table).write.parquet(path)
 
 
-def collect_arrow(df: DataFrame) -> pa.Table:
-    """``df`` on the driver as one Arrow table, brought over one partition at a time: the
+def iter_arrow(df: DataFrame) -> Iterator[pa.RecordBatch]:
+    """``df``'s rows on the driver as Arrow batches, brought over one partition at a time: the
     driver JVM holds one partition's rows at once, never the whole table (``toArrow`` and
     ``collect`` gather every partition in the JVM heap first, which is what ran a 1 GB default
     driver out of memory on a 6 M-word table)."""
@@ -543,8 +595,13 @@ def collect_arrow(df: DataFrame) -> pa.Table:
                 yield pa.RecordBatch.from_arrays([pa.array([_arrow_ipc([b], b.schema)],
                                                            pa.binary())], ["ipc"])
 
-    batches = [b for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(
-               prefetchPartitions=True) for b in pa.ipc.open_stream(row["ipc"])]
+    for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(prefetchPartitions=True):
+        yield from pa.ipc.open_stream(row["ipc"])
+
+
+def collect_arrow(df: DataFrame) -> pa.Table:
+    """``df`` on the driver as one Arrow table (:func:`iter_arrow`)."""
+    batches = list(iter_arrow(df))
     return pa.Table.from_batches(batches) if batches else df.limit(0).toArrow()
 
 
@@ -751,20 +808,10 @@ def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
     return plan
 
 
-def _partial_frame(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
-                   plan: list[list[ReadSlice]] | None) -> DataFrame:
-    """The tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``)."""
-    cap, ignore, weights = cfg.max_word_bytes, cfg.ignore_corrupt_files, corpus.weights
-    if plan is not None:  # one row per task: task i reads plan[i]
-        text_column = cfg.text_column
-
-        def count_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for b in batches:
-                for i in b.column(0).to_pylist():
-                    yield from _count_slices(spec, text_column, plan[i], cap, ignore, weights)
-
-        n = len(plan)
-        return spark.range(0, n, 1, n).mapInArrow(count_tasks, _PARTIAL_SCHEMA)
+def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
+                   size: Accumulator) -> DataFrame:
+    """Spark's reader: the tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``); the
+    bytes of their Arrow output are added to ``size``."""
     assert corpus.df is not None
     file_index = {(src, f): i for i, (src, f) in enumerate(corpus.keys)}
     src = corpus.df
@@ -772,41 +819,84 @@ def _partial_frame(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Preto
         # keep each file's rows in order inside a partition: repartition by file, sort rows
         src = src.repartition(cfg.num_partitions, "source", "path").sortWithinPartitions(
             "source", "path", "row")
-    return src.mapInArrow(_count_partition_fn(spec, file_index, weights, cap), _PARTIAL_SCHEMA)
+    count = _count_partition_fn(spec, file_index, corpus.weights, cfg.max_word_bytes)
+
+    def measured(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in count(batches):
+            size.add(b.nbytes)
+            yield b
+
+    return src.mapInArrow(measured, _PARTIAL_SCHEMA)
 
 
-def _collect_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
-                      plan: list[list[ReadSlice]] | None) -> pa.Table:
-    """The tasks' partial counts on the driver. All tasks run at once and keep their results
-    on the executors' disks; the driver then fetches them one task at a time, so its JVM never
-    holds more than one task's partial counts (``collect`` would hold them all). With the
-    Arrow reader each task's result is one Arrow IPC stream, passed through untouched."""
+def _decode_blobs(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        for blob in b.column(0).to_pylist():
+            yield from pa.ipc.open_stream(blob)
+
+
+@dataclass
+class Partials:
+    """The count tasks' partial counts, kept on the executors' disks (``DISK_ONLY``) until
+    they are merged: where to merge them is chosen from their measured size, and neither
+    choice counts again. The Arrow reader's tasks give Arrow IPC streams of at most
+    ``BLOB_ROWS`` rows (the JVM passes them through untouched); Spark's reader, rows."""
+
+    spark: SparkSession
+    nbytes: int  # Arrow bytes of all the tasks' output
+    blobs: RDD | None = None
+    frame: DataFrame | None = None
+
+    def fetch(self, buckets: int = 1) -> BucketedPartials:
+        """All partial counts on the driver, split into ``buckets`` hash buckets as they
+        arrive, one task's output at a time through the driver JVM (``collect`` would hold
+        them all in its heap)."""
+        with job_group(self.spark.sparkContext, "count-fetch"):  # not counted as count tasks
+            if self.frame is not None:
+                return BucketedPartials.of(iter_arrow(self.frame), buckets)
+            assert self.blobs is not None
+            return BucketedPartials.of(
+                (b for blob in self.blobs.toLocalIterator(prefetchPartitions=True)
+                 for b in pa.ipc.open_stream(blob)), buckets)
+
+    def as_frame(self) -> DataFrame:
+        """The partial counts as rows for a Spark aggregation."""
+        if self.frame is not None:
+            return self.frame
+        assert self.blobs is not None
+        rows = self.spark.createDataFrame(self.blobs.map(lambda blob: (blob,)), "ipc binary")
+        return rows.mapInArrow(_decode_blobs, _PARTIAL_SCHEMA)
+
+    def release(self) -> None:
+        with contextlib.suppress(Exception):
+            (self.frame if self.frame is not None else self.blobs).unpersist()
+
+
+def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
+                    plan: list[list[ReadSlice]] | None) -> Partials:
+    """Run the count tasks. All run at once and keep their output on the executors' disks,
+    measured by an accumulator."""
+    sc = spark.sparkContext
+    size = sc.accumulator(0)
     if plan is None:
-        frame = _partial_frame(spark, corpus, cfg, spec, plan).persist(StorageLevel.DISK_ONLY)
-        try:
-            frame.count()
-            with job_group(spark.sparkContext, "count-fetch"):  # not counted as count tasks
-                return collect_arrow(frame)
-        finally:
-            frame.unpersist()
+        frame = _partial_frame(corpus, cfg, spec, size).persist(StorageLevel.DISK_ONLY)
+        frame.count()
+        return Partials(spark, size.value, frame=frame)
     text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
     weights = corpus.weights
 
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
-            yield _arrow_ipc(_count_slices(spec, text_column, plan[i], cap, ignore, weights))
+            for b in _count_slices(spec, text_column, plan[i], cap, ignore, weights):
+                blob = _arrow_ipc([b])
+                size.add(len(blob))
+                yield blob
 
     n = len(plan)
-    rdd = spark.sparkContext.parallelize(range(n), n).mapPartitions(count_task)
-    rdd.persist(StorageLevel.DISK_ONLY)
-    try:
-        rdd.count()
-        with job_group(spark.sparkContext, "count-fetch"):  # not counted as count tasks
-            return pa.Table.from_batches(
-                [b for blob in rdd.toLocalIterator(prefetchPartitions=True)
-                 for b in pa.ipc.open_stream(blob)], schema=PARTIAL_ARROW_SCHEMA)
-    finally:
-        rdd.unpersist()
+    blobs = sc.parallelize(range(n), n).mapPartitions(count_task)
+    blobs.persist(StorageLevel.DISK_ONLY)
+    blobs.count()
+    return Partials(spark, size.value, blobs=blobs)
 
 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
@@ -966,35 +1056,44 @@ def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list
     return sorted(set(skipped))
 
 
-def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-                corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                skipped: list[str], tmp: str) -> WordTable:
-    files = corpus.files
-    input_mb = _input_megabytes(spark, files)
-    reader = "pyarrow in the tasks" if plan is not None else "Spark's reader"
-    collected = None
-    if input_mb is not None and input_mb <= cfg.count_on_driver_max_mb:
-        # a small corpus: the tasks' partial counts come to the driver as Arrow and are merged
-        # there (no shuffle, aggregation or extra query plans to warm up in the JVM)
+def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, tmp: str,
+           t0: float, reader: str) -> tuple[pa.Table | None, dict[str, int], int, float]:
+    """Merge the partial counts where ``count_merge`` and the driver's memory say, and write
+    the word table under ``tmp``. Returns (the table when merged on the driver, statistics,
+    distinct words, time counted)."""
+    budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
+    where, buckets, why = choose_count_merge(cfg.count_merge, partials.nbytes, budget)
+    log.info("counted in %.1f s (%s); %s", time.time() - t0, reader, why)
+    if where == "driver":
         try:
-            collected = _collect_partials(spark, corpus, cfg, spec, plan)
+            collected = partials.fetch(buckets)
         except Exception as exc:  # noqa: BLE001 - only a result too big for the driver
             if "maxResultSize" not in str(exc) and "OutOfMemory" not in str(exc):
                 raise
             log.warning("partial counts too big for the driver (%s); merging with Spark "
-                        "instead (lower count_on_driver_max_mb)", str(exc).splitlines()[0])
-    merged = None
-    if collected is not None:
-        merged, stats = merge_partials(collected, len(files))
-        del collected
-        t_count = time.time()
-        log.info("counted words in %.1f s (%.0f MB of Parquet read by %s, merged on the "
-                 "driver)", t_count - t0, input_mb, reader)
-        unique_words = merged.num_rows
-        _write_table(spark, merged, fsutil.join(tmp, "data"))
-    else:
-        partial = _partial_frame(spark, corpus, cfg, spec, plan)
-        stats, unique_words, t_count = _merge_with_spark(partial, len(files), tmp, t0)
+                        "instead (set count_merge = spark)", str(exc).splitlines()[0])
+        else:
+            merged, stats = merge_partials(collected, n_files)
+            del collected
+            t_count = time.time()
+            log.info("merged the partial counts on the driver in %.1f s", t_count - t0)
+            _write_table(spark, merged, fsutil.join(tmp, "data"))
+            return merged, stats, merged.num_rows, t_count
+    stats, unique_words, t_count = _merge_with_spark(partials.as_frame(), n_files, tmp, t0)
+    return None, stats, unique_words, t_count
+
+
+def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
+                corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
+                skipped: list[str], tmp: str) -> WordTable:
+    files = corpus.files
+    reader = "pyarrow in the tasks" if plan is not None else "Spark's reader"
+    partials = _count_partials(spark, corpus, cfg, spec, plan)
+    try:
+        merged, stats, unique_words, t_count = _merge(spark, cfg, partials, len(files), tmp,
+                                                      t0, reader)
+    finally:
+        partials.release()
     t_write = time.time()
     log.info("wrote the word table in %.1f s", t_write - t_count)
     stats["unique_words"] = unique_words
