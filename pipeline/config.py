@@ -231,12 +231,21 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
         raise ConfigError(f"config key '{name}': expected {kind}, got {value!r}") from None
 
 
+RENAMED_KEYS = {  # keys of earlier versions, and what replaced them
+    "count_on_driver_max_mb": "replaced by count_merge = auto | driver | spark: the count now "
+                              "merges on the driver when the measured partial counts fit its "
+                              "memory budget (driver_budget_mb)",
+}
+
+
 def _apply(values: dict[str, Any], cfg: Config, source: str) -> None:
     types = {f.name: (f.type if isinstance(f.type, str) else f.type.__name__) for f in fields(cfg)}
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in types:
-            raise ConfigError(f"{source}: unknown config key '{key}'")
+            hint = RENAMED_KEYS.get(name, "")
+            raise ConfigError(f"{source}: unknown config key '{key}'"
+                              + (f" ({hint})" if hint else ""))
         setattr(cfg, name, _coerce(name, types[name], value))
 
 

@@ -122,17 +122,31 @@ def count_merge_bytes(partial_bytes: int, buckets: int = 1) -> int:
     partial counts (Arrow) with numpy: in one piece, the partials, their word dictionary and
     the sums and minima; in hash buckets, the partials held once (split) plus one bucket's
     merge. Measured on the 1 GB scale corpus's 256 MB of partials: 3.2 bytes per byte in one
-    piece, 2.3 in 5 buckets (which costs about 4 s more)."""
+    piece, 2.3 in 5 buckets (which cost about 4 s more)."""
     if buckets == 1:
         return DRIVER_BASE_BYTES + int(COUNT_MERGE_BYTES_PER_BYTE * partial_bytes)
     return DRIVER_BASE_BYTES + int(partial_bytes * (HELD_BYTES_PER_BYTE
                                                     + COUNT_MERGE_BYTES_PER_BYTE / buckets))
 
 
-def choose_count_merge(requested: str, partial_bytes: int, budget: Budget
+def driver_fetch_limit(conf: dict[str, str]) -> int:
+    """The largest task output the driver may fetch through its JVM: an eighth of the heap (a
+    fetch holds a task's whole output there about twice, as the task result and as its copy
+    on the way to Python; two 126 MB outputs in flight ran a 1 GB heap out of memory), within
+    ``spark.driver.maxResultSize``."""
+    heap = parse_size(conf.get("spark.driver.memory")) or 1024 * MB
+    max_result = conf.get("spark.driver.maxResultSize", "1g")
+    limit = parse_size(max_result) if max_result.strip() != "0" else None
+    return min(heap // 8, limit) if limit else heap // 8
+
+
+def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
+                       largest_task: int = 0, fetch_limit: int | None = None
                        ) -> tuple[str, int, str]:
     """Where the count's partial counts are merged (``driver`` or ``spark``), in how many hash
-    buckets on the driver (the fewest that fit the budget: one is fastest), and why."""
+    buckets on the driver (the fewest powers of two that fit the budget: one is fastest), and
+    why. ``auto`` also needs each task's output (``largest_task``) to pass through the driver
+    JVM (``fetch_limit``, :func:`driver_fetch_limit`)."""
     buckets = 1
     while count_merge_bytes(partial_bytes, buckets) > budget.bytes \
             and buckets < MAX_MERGE_BUCKETS:
@@ -144,8 +158,15 @@ def choose_count_merge(requested: str, partial_bytes: int, budget: Budget
                f"{budget.bytes / 2**30:.2f} GB ({budget.source})")
     if requested != "auto":
         return requested, buckets, f"count merge {requested} (as configured): {numbers}"
-    where = "driver" if need <= budget.bytes else "spark"
-    return where, buckets, f"count merge auto -> {where}: {numbers}"
+    if need > budget.bytes:
+        return "spark", buckets, f"count merge auto -> spark: {numbers}"
+    if fetch_limit is not None and largest_task > fetch_limit:
+        return "spark", buckets, (
+            f"count merge auto -> spark: one task's partial counts ({largest_task / 2**20:,.0f}"
+            f" MB) are over what a fetch may bring through the driver JVM ("
+            f"{fetch_limit / 2**20:,.0f} MB: an eighth of spark.driver.memory, within "
+            f"spark.driver.maxResultSize; more tasks make them smaller); {numbers}")
+    return "driver", buckets, f"count merge auto -> driver: {numbers}"
 
 
 def fits_driver(tokens: int, budget: Budget) -> bool:

@@ -15,6 +15,7 @@ from pipeline.memory import (
     choose_engine,
     count_merge_bytes,
     driver_budget,
+    driver_fetch_limit,
     fits_driver,
     local_engine_bytes,
     parse_size,
@@ -58,6 +59,20 @@ def test_the_count_merges_on_the_driver_only_when_the_budget_holds_the_partials(
     assert where == "spark" and "(test)" in why
     assert choose_count_merge("driver", partial, Budget(1, "t"))[0] == "driver"
     assert choose_count_merge("spark", 1, Budget(100 * GB, "t"))[0] == "spark"
+    # each task's output passes through the driver JVM: too big a task -> Spark
+    big = Budget(100 * GB, "t")
+    assert choose_count_merge("auto", partial, big, 256 * MB, 256 * MB)[0] == "driver"
+    where, _, why = choose_count_merge("auto", partial, big, 256 * MB + 1, 256 * MB)
+    assert where == "spark" and "one task's partial counts (256 MB)" in why
+
+
+def test_the_fetch_limit_is_an_eighth_of_the_heap_within_max_result_size():
+    assert driver_fetch_limit({}) == 128 * MB  # 1 GB default heap
+    assert driver_fetch_limit({"spark.driver.memory": "16g"}) == 1 * GB  # maxResultSize 1g
+    assert driver_fetch_limit({"spark.driver.memory": "16g",
+                               "spark.driver.maxResultSize": "0"}) == 2 * GB  # unlimited
+    assert driver_fetch_limit({"spark.driver.memory": "2g",
+                               "spark.driver.maxResultSize": "100m"}) == 100 * MB
 
 
 def test_the_budget_comes_from_the_driver_memory_that_exists():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, resolve
 from pipeline.count import word_count
 from pipeline.count.word_count import count_words
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
@@ -312,3 +313,70 @@ def test_a_merge_in_hash_buckets_equals_the_merge_in_one_piece(monkeypatch, task
     assert dict(zip(one.column("word").to_pylist(), one.column("count").to_pylist())) == every
     bucket_of = word_count.word_buckets(one.column("word").combine_chunks(), buckets)
     assert bucket_of.min(initial=0) >= 0 and bucket_of.max(initial=0) < buckets
+
+
+@pytest.mark.parametrize(("reader", "dense"), [("arrow", False), ("spark", False),
+                                               ("spark", True)])
+def test_count_merged_in_hash_buckets_on_the_driver(spark, mixed_corpus, naive_mixed, tmp_path,
+                                                    monkeypatch, reader, dense):
+    """A driver budget too tight for one piece: the count is merged in hash buckets, with the
+    same word table (Spark's reader gives batches mixing words and statistics)."""
+    if dense:
+        monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+    chosen = []
+
+    def tight(requested, partial_bytes, budget, *args):
+        chosen.append(partial_bytes)
+        return "driver", 4, "count merge auto -> driver: in 4 hash buckets (test)"
+
+    monkeypatch.setattr(word_count, "choose_count_merge", tight)
+    split = word_count.BucketedPartials.of
+    sizes = []
+
+    def of(batches, k):
+        out = split(batches, k)
+        sizes.append([sum(b.num_rows for b in bucket) for bucket in out.buckets])
+        return out
+
+    monkeypatch.setattr(word_count.BucketedPartials, "of", staticmethod(of))
+    out = tmp_path / "words"
+    count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                              special_tokens=["<|endoftext|>"], count_reader=reader))
+    assert chosen and chosen[0] > 0
+    assert len(sizes) == 1 and len(sizes[0]) == 4 and min(sizes[0]) > 0  # 4 real buckets
+    assert_word_table(out, naive_mixed, dense=dense)
+
+
+def test_the_old_count_merge_key_says_what_replaced_it(tmp_path):
+    conf = tmp_path / "old.toml"
+    conf.write_text("count_on_driver_max_mb = 128\n")
+    with pytest.raises(ConfigError, match="unknown config key 'count_on_driver_max_mb' "
+                                          r"\(replaced by count_merge"):
+        resolve(["--config", str(conf), "--output", str(tmp_path / "w")])
+
+
+@pytest.mark.parametrize("merge", ["driver", "spark"])
+def test_partials_through_the_executors_disks_as_on_a_cluster(spark, mixed_corpus, naive_mixed,
+                                                              tmp_path, monkeypatch, merge):
+    """Off a local master the tasks' output stays on the executors' disks (DISK_ONLY Arrow
+    records) and is fetched through the driver JVM or merged by Spark: same word table."""
+    monkeypatch.setattr(word_count, "_spill_dir", lambda sc: None)
+    out = tmp_path / "words"
+    count_words(spark, Config(input=str(mixed_corpus), output=str(out),
+                              special_tokens=["<|endoftext|>"], count_merge=merge))
+    assert_word_table(out, naive_mixed)
+
+
+def test_spilled_partials_are_removed(spark, mixed_corpus, tmp_path, monkeypatch):
+    """With a local master the tasks' Arrow files are read by the driver and then deleted."""
+    made = []
+    spill_dir = word_count._spill_dir
+
+    def recorded(sc):
+        made.append(spill_dir(sc))
+        return made[-1]
+
+    monkeypatch.setattr(word_count, "_spill_dir", recorded)
+    count_words(spark, Config(input=str(mixed_corpus), output=str(tmp_path / "words"),
+                              special_tokens=["<|endoftext|>"]))
+    assert len(made) == 1 and made[0] is not None and not os.path.exists(made[0])

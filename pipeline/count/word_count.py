@@ -21,10 +21,12 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
@@ -32,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark import RDD, Accumulator, StorageLevel
+from pyspark import RDD, Accumulator, AccumulatorParam, SparkContext, StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -40,7 +42,7 @@ from pyspark.sql.utils import AnalysisException
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
-from pipeline.memory import choose_count_merge, driver_budget
+from pipeline.memory import choose_count_merge, driver_budget, driver_fetch_limit
 from pipeline.pretokenize import (
     FirstSeenLayout,
     Pretokenizer,
@@ -459,6 +461,8 @@ class BucketedPartials:
     def of(cls, batches: Iterable[pa.RecordBatch], k: int) -> BucketedPartials:
         out = cls([[] for _ in range(k)], [])
         for b in batches:  # a task's batches hold words, or statistics
+            if b.schema != PARTIAL_ARROW_SCHEMA:  # e.g. Spark's large Arrow types
+                b = b.cast(PARTIAL_ARROW_SCHEMA)
             is_word = b.column(0).to_numpy() == KIND_WORD
             if not is_word.all():
                 out.side.append(b.filter(pa.array(~is_word)))
@@ -811,7 +815,7 @@ def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
 def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
                    size: Accumulator) -> DataFrame:
     """Spark's reader: the tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``); the
-    bytes of their Arrow output are added to ``size``."""
+    bytes of each task's Arrow output are added to ``size`` (:class:`_OutputSize`)."""
     assert corpus.df is not None
     file_index = {(src, f): i for i, (src, f) in enumerate(corpus.keys)}
     src = corpus.df
@@ -822,9 +826,11 @@ def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
     count = _count_partition_fn(spec, file_index, corpus.weights, cfg.max_word_bytes)
 
     def measured(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task_bytes = 0
         for b in count(batches):
-            size.add(b.nbytes)
+            task_bytes += b.nbytes
             yield b
+        size.add((task_bytes, task_bytes))
 
     return src.mapInArrow(measured, _PARTIAL_SCHEMA)
 
@@ -837,39 +843,83 @@ def _decode_blobs(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
 
 @dataclass
 class Partials:
-    """The count tasks' partial counts, kept on the executors' disks (``DISK_ONLY``) until
-    they are merged: where to merge them is chosen from their measured size, and neither
-    choice counts again. The Arrow reader's tasks give Arrow IPC streams of at most
-    ``BLOB_ROWS`` rows (the JVM passes them through untouched); Spark's reader, rows."""
+    """The count tasks' partial counts, kept until they are merged: where to merge them is
+    chosen from their measured size, and neither choice counts again. With a local master and
+    the pyarrow reader each task writes its output to one Arrow IPC file in ``spill_dir`` (on
+    this machine: the driver memory-maps them, no JVM in between); otherwise they stay on the
+    executors' disks (``DISK_ONLY``) as Arrow IPC records of at most ``BLOB_ROWS`` rows (the
+    JVM passes them through untouched), or as rows from Spark's reader."""
 
     spark: SparkSession
     nbytes: int  # Arrow bytes of all the tasks' output
+    largest: int  # of one task's output: a fetch holds it in the driver JVM's heap
     blobs: RDD | None = None
     frame: DataFrame | None = None
+    spill_dir: str | None = None
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def through_jvm(self) -> bool:
+        """Whether fetching them passes each task's output through the driver JVM."""
+        return self.spill_dir is None
 
     def fetch(self, buckets: int = 1) -> BucketedPartials:
         """All partial counts on the driver, split into ``buckets`` hash buckets as they
-        arrive, one task's output at a time through the driver JVM (``collect`` would hold
-        them all in its heap)."""
+        arrive, one task's output at a time (``collect`` would hold them all in the driver
+        JVM's heap; a spilled file is memory-mapped)."""
+        if self.spill_dir is not None:
+            return BucketedPartials.of(
+                (b for f in self.files for b in pa.ipc.open_stream(pa.memory_map(f))), buckets)
         with job_group(self.spark.sparkContext, "count-fetch"):  # not counted as count tasks
             if self.frame is not None:
                 return BucketedPartials.of(iter_arrow(self.frame), buckets)
             assert self.blobs is not None
             return BucketedPartials.of(
-                (b for blob in self.blobs.toLocalIterator(prefetchPartitions=True)
+                (b for blob in self.blobs.toLocalIterator(prefetchPartitions=False)
                  for b in pa.ipc.open_stream(blob)), buckets)
 
     def as_frame(self) -> DataFrame:
         """The partial counts as rows for a Spark aggregation."""
         if self.frame is not None:
             return self.frame
+        if self.spill_dir is not None:
+            files = self.files
+
+            def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for b in batches:
+                    for i in b.column(0).to_pylist():
+                        yield from pa.ipc.open_stream(pa.memory_map(files[i]))
+
+            n = len(files)
+            return self.spark.range(0, n, 1, max(n, 1)).mapInArrow(read, _PARTIAL_SCHEMA)
         assert self.blobs is not None
         rows = self.spark.createDataFrame(self.blobs.map(lambda blob: (blob,)), "ipc binary")
         return rows.mapInArrow(_decode_blobs, _PARTIAL_SCHEMA)
 
     def release(self) -> None:
         with contextlib.suppress(Exception):
-            (self.frame if self.frame is not None else self.blobs).unpersist()
+            if self.spill_dir is not None:
+                shutil.rmtree(self.spill_dir, ignore_errors=True)
+            else:
+                (self.frame if self.frame is not None else self.blobs).unpersist()
+
+
+class _OutputSize(AccumulatorParam):
+    """(total bytes, largest task's bytes) of the count tasks' output. Retried or speculative
+    tasks may add twice: the sizes can only be overstated, which errs towards Spark."""
+
+    def zero(self, value: tuple[int, int]) -> tuple[int, int]:
+        return (0, 0)
+
+    def addInPlace(self, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+        return (a[0] + b[0], max(a[1], b[1]))
+
+
+def _spill_dir(sc: SparkContext) -> str | None:
+    """Where the count tasks write their output for the driver to read directly: a temporary
+    directory when every executor runs on this machine (local masters), else None."""
+    return tempfile.mkdtemp(prefix="spark-bpe-partials-") if sc.master.startswith("local") \
+        else None
 
 
 def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
@@ -877,26 +927,54 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
     """Run the count tasks. All run at once and keep their output on the executors' disks,
     measured by an accumulator."""
     sc = spark.sparkContext
-    size = sc.accumulator(0)
+    size = sc.accumulator((0, 0), _OutputSize())
     if plan is None:
         frame = _partial_frame(corpus, cfg, spec, size).persist(StorageLevel.DISK_ONLY)
-        frame.count()
-        return Partials(spark, size.value, frame=frame)
+        return _measured(Partials(spark, 0, 0, frame=frame), frame.count, size)
     text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
     weights = corpus.weights
+    n = len(plan)
+    spill = _spill_dir(sc)
 
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
-            for b in _count_slices(spec, text_column, plan[i], cap, ignore, weights):
-                blob = _arrow_ipc([b])
-                size.add(len(blob))
-                yield blob
+            batches = _count_slices(spec, text_column, plan[i], cap, ignore, weights)
+            if spill is not None:  # one Arrow stream per task, written whole, then renamed
+                path = os.path.join(spill, f"task-{i:05d}.arrow")
+                tmp = f"{path}.{os.getpid()}.tmp"  # a retried or speculative attempt: its own
+                with pa.OSFile(tmp, "wb") as sink, \
+                        pa.ipc.new_stream(sink, PARTIAL_ARROW_SCHEMA) as writer:
+                    for b in batches:
+                        writer.write_batch(b)
+                os.replace(tmp, path)
+                task_bytes = os.path.getsize(path)
+            else:
+                task_bytes = 0
+                for b in batches:
+                    blob = _arrow_ipc([b])
+                    task_bytes += len(blob)
+                    yield blob
+            size.add((task_bytes, task_bytes))
 
-    n = len(plan)
     blobs = sc.parallelize(range(n), n).mapPartitions(count_task)
-    blobs.persist(StorageLevel.DISK_ONLY)
-    blobs.count()
-    return Partials(spark, size.value, blobs=blobs)
+    if spill is None:
+        blobs.persist(StorageLevel.DISK_ONLY)
+    partials = Partials(spark, 0, 0, blobs=None if spill else blobs, spill_dir=spill,
+                        files=[os.path.join(spill, f"task-{i:05d}.arrow") for i in range(n)]
+                        if spill else [])
+    return _measured(partials, blobs.count, size)
+
+
+def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) -> Partials:
+    """Run the count tasks (``run``) and record their output's size; if they fail, nothing
+    of theirs is kept."""
+    try:
+        run()
+    except BaseException:
+        partials.release()
+        raise
+    partials.nbytes, partials.largest = size.value
+    return partials
 
 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
@@ -1061,25 +1139,30 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
     """Merge the partial counts where ``count_merge`` and the driver's memory say, and write
     the word table under ``tmp``. Returns (the table when merged on the driver, statistics,
     distinct words, time counted)."""
-    budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
-    where, buckets, why = choose_count_merge(cfg.count_merge, partials.nbytes, budget)
-    log.info("counted in %.1f s (%s); %s", time.time() - t0, reader, why)
+    conf = dict(spark.sparkContext.getConf().getAll())
+    where, buckets, why = choose_count_merge(
+        cfg.count_merge, partials.nbytes, driver_budget(cfg.driver_budget_mb, conf),
+        partials.largest, driver_fetch_limit(conf) if partials.through_jvm else None)
+    t_counted = time.time()
+    log.info("counted in %.1f s (%s); %s", t_counted - t0, reader, why)
     if where == "driver":
         try:
             collected = partials.fetch(buckets)
         except Exception as exc:  # noqa: BLE001 - only a result too big for the driver
-            if "maxResultSize" not in str(exc) and "OutOfMemory" not in str(exc):
+            if not isinstance(exc, MemoryError) and "maxResultSize" not in str(exc) \
+                    and "OutOfMemory" not in str(exc):
                 raise
             log.warning("partial counts too big for the driver (%s); merging with Spark "
-                        "instead (set count_merge = spark)", str(exc).splitlines()[0])
+                        "instead (set count_merge = spark)", _first_line(exc))
         else:
             merged, stats = merge_partials(collected, n_files)
             del collected
             t_count = time.time()
-            log.info("merged the partial counts on the driver in %.1f s", t_count - t0)
+            log.info("merged the partial counts on the driver in %.1f s", t_count - t_counted)
             _write_table(spark, merged, fsutil.join(tmp, "data"))
             return merged, stats, merged.num_rows, t_count
-    stats, unique_words, t_count = _merge_with_spark(partials.as_frame(), n_files, tmp, t0)
+    stats, unique_words, t_count = _merge_with_spark(partials.as_frame(), n_files, tmp,
+                                                     t_counted)
     return None, stats, unique_words, t_count
 
 
