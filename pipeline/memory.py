@@ -1,5 +1,5 @@
-"""Sizing a run (pure Python, no Spark): what the driver engine needs for a word table, what
-the driver has, and which engine ``auto`` picks from the two.
+"""Sizing a run (pure Python, no Spark): what the driver engine needs for a word table and the
+count's merge for its partial counts, what the driver has, and what ``auto`` picks from them.
 
 The driver engine (``engines/local.py``) holds, per symbol of the word table (a byte of a
 distinct word, bytes alphabet), about 18 bytes of token/link/weight arrays, 5-6 bytes of

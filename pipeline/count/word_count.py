@@ -4,8 +4,9 @@ Text reaches Python in Arrow batches (``mapInArrow``). Each task counts the word
 per input file and remembers each word's first occurrence as (file index, row, index of the
 word's first match in the row). The partial counts are then merged: counts summed, the smallest
 key kept per word, and the key packed into an order-preserving int64 ``first_seen`` (or, when it
-needs more than 63 bits, replaced by its dense rank). The partials wait on the executors'
-disks while the merge is chosen from their measured size (``count_merge``, ``memory.py``):
+needs more than 63 bits, replaced by its dense rank). The partials are kept (local Arrow files
+with a local master, else the executors' disks) while the merge is chosen from their measured
+size (``count_merge``, ``memory.py``):
 when they fit the driver's memory they come to the driver as Arrow and numpy merges them
 (no shuffle, none of a fresh JVM's warm-up), else a Spark aggregation does. Either way the
 word table does not depend on partitioning (docs/DESIGN.md section 1).
