@@ -21,6 +21,7 @@ or give files for a result that does not depend on how it was partitioned.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,20 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
             raise ConfigError("the corpus must be a path, a list of paths or a Spark DataFrame, "
                               f"not {type(corpus).__name__}")
     _apply(options, cfg, "api")
+    _absolute_paths(cfg)
     return validate(cfg, job, frame=frame is not None), frame
+
+
+def _absolute_paths(cfg: Config) -> None:
+    """Relative local paths made absolute against this process's working directory, which a
+    notebook may have changed since Spark started: the JVM would resolve them against its own
+    and write some files elsewhere."""
+    def fix(path: str) -> str:
+        return os.path.abspath(path) if path and not fsutil.scheme(path) else path
+
+    cfg.input = ",".join(fix(p) for p in cfg.input.split(",")) if cfg.input else ""
+    for key in ("words", "output", "tokenizer", "checkpoint_dir"):
+        setattr(cfg, key, fix(getattr(cfg, key)))
 
 
 def _session(cfg: Config, spark: SparkSession | None, app: str) -> tuple[Any, bool]:

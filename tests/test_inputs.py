@@ -198,3 +198,6 @@ def test_the_readme_python_api_example_runs(spark, tmp_path, monkeypatch):
     exec(compile(block, "README.md", "exec"), {})  # noqa: S102 - our own README
     assert (tmp_path / "out" / "api-run" / "run.json").exists()
     assert (tmp_path / "out" / "api-ids" / "_encode.json").exists()
+    # the encoded rows too: Spark's JVM, started elsewhere, resolves a relative path against
+    # its own working directory, not this one
+    assert list((tmp_path / "out" / "api-ids").glob("*.parquet"))
