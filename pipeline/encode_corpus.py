@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -58,7 +57,7 @@ from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
 from pipeline.progress import Progress
-from pipeline.spark_session import job_group, task_progress
+from pipeline.spark_session import PerTask, TaskCounts, job_group, read_progress
 
 log = logging.getLogger(__name__)
 
@@ -386,18 +385,7 @@ def _log_tiktoken_error(enc: BatchEncoder, batch: pa.RecordBatch, i: int) -> Non
                     _row_keys(batch, i), enc.tiktoken_error)
 
 
-class _PartitionStats(AccumulatorParam):
-    """{partition id: stats}: a retried task replaces its partition's entry."""
-
-    def zero(self, value: dict) -> dict:
-        return {}
-
-    def addInPlace(self, a: dict, b: dict) -> dict:  # noqa: N802 - Spark's name
-        a.update(b)
-        return a
-
-
-def _encode_fn(bc, acc, out_schema: pa.Schema):
+def _encode_fn(bc, acc, out_schema: pa.Schema, counts: TaskCounts):
     def encode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -405,10 +393,14 @@ def _encode_fn(bc, acc, out_schema: pa.Schema):
         stats = dict.fromkeys(STAT_KEYS, 0)
         stats["reference_fallback"] = int(enc.fell_back)
         ids_type = out_schema.field(len(out_schema) - 1).type
+        task = TaskContext.get().partitionId()
+        report = counts.reporter(task)
         for batch in batches:
             ids = encode_batch(enc, batch, stats, ids_type)
+            report.update(stats["rows"], stats["bytes"])
             yield pa.RecordBatch.from_arrays([*batch.columns[1:], ids], schema=out_schema)
-        acc.add({TaskContext.get().partitionId(): stats})
+        report.finish(stats["rows"], stats["bytes"])
+        acc.add({task: stats})
 
     return encode_partition
 
@@ -522,13 +514,15 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFr
         T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
     sc = spark.sparkContext
     bc = sc.broadcast(plan)
-    acc = sc.accumulator({}, _PartitionStats())
-    encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct)), out_struct)
+    acc = sc.accumulator({}, PerTask())
+    counts = TaskCounts.create(sc)
+    encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct), counts),
+                             out_struct)
     t_enc = time.time()
     progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
     try:
         with job_group(sc, "encode") as group, progress.stage(
-                "encode", unit="tasks", poll=task_progress(sc, group)):
+                "encode", unit="tasks", poll=read_progress(sc, group, counts)):
             encoded.write.option("compression", OUTPUT_COMPRESSION).parquet(tmp)
     except Exception as exc:
         fsutil.delete(spark, tmp)
@@ -538,6 +532,7 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFr
         raise
     finally:
         bc.unpersist()
+        counts.close()
     stats = summarize(acc.value, time.time() - t_enc)
     if stats["partitions_without_tiktoken"]:
         log.warning("%d partitions ran on executors without tiktoken and used the reference "

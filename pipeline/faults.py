@@ -1,11 +1,12 @@
 """Fault injection for the tests that run real jobs (no effect unless the variable is set).
 
 ``SPARK_BPE_INJECT="point=action;point=action"``, where action is ``pause:SECONDS`` (sleep
-there, so that a test can kill the job at that point), ``memory:MB`` (cap this process's
-address space at its current size plus MB, so that the next large allocation fails as it would
-on a driver without enough memory) or ``fsize:BYTES`` (no file this process writes may grow
-past BYTES, so that writes fail as on a full disk). The points are named where :func:`at` is
-called.
+there, so that a test can kill the job at that point), ``wait:PATH`` (sleep there until the
+file PATH exists, at most two minutes: the test says when the job may go on), ``memory:MB``
+(cap this process's address space at its current size plus MB, so that the next large
+allocation fails as it would on a driver without enough memory) or ``fsize:BYTES`` (no file
+this process writes may grow past BYTES, so that writes fail as on a full disk). The points
+are named where :func:`at` is called.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def at(point: str) -> None:
     kind, _, value = action.partition(":")
     if kind == "pause":
         time.sleep(float(value))
+    elif kind == "wait":
+        deadline = time.monotonic() + 120
+        while not os.path.exists(value) and time.monotonic() < deadline:
+            time.sleep(0.05)
     elif kind == "memory":
         with open("/proc/self/statm", encoding="ascii") as fh:
             size = int(fh.read().split()[0]) * resource.getpagesize()

@@ -36,6 +36,28 @@ def _fmt_seconds(s: float) -> str:
     return f"{s:,.0f} s" if s >= 10 else f"{s:.1f} s"
 
 
+def _fmt_bytes(n: float) -> str:
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} TB"
+
+
+def _render(key: str, value: object) -> str:
+    """One field of a heartbeat line: ``note`` as it is, ``bytes_read`` = 1,234 as "1.2 kB
+    read", ``bytes_per_s`` as "1.2 kB/s", a number with thousands separators."""
+    if key == "note":
+        return str(value)
+    if key == "bytes_per_s" and isinstance(value, int):
+        return f"{_fmt_bytes(value)}/s"
+    if key.startswith("bytes_") and isinstance(value, int):
+        return f"{_fmt_bytes(value)} {key[6:].replace('_', ' ')}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = f"{value:,}"
+    return f"{key.replace('_', ' ')} {value}"
+
+
 class TerminalBar:
     """One status line at the bottom of a terminal (stderr), below the log."""
 
@@ -112,6 +134,7 @@ class Stage:
                 fresh = dict(self.poll())
                 with self.lock:
                     self.done = fresh.pop("done", self.done)
+                    self.unit = fresh.pop("unit", self.unit)
                     self.total = fresh.pop("total", self.total)
                     self.fields.update(fresh)
         with self.lock:
@@ -135,8 +158,7 @@ class Stage:
                     if total and event == "beat":
                         rec["eta"] = round((total - done) / (done / elapsed), 1)
             rec.update(self.fields)
-            parts += [str(v) if k == "note" else f"{k.replace('_', ' ')} {v}"
-                      for k, v in self.fields.items() if v not in (None, 0, "")]
+            parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]
             detail = ", ".join(parts)
         if event == "start":
             text = f"{self.name}: started" + (f" ({detail})" if detail else "")

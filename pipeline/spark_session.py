@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from pyspark import SparkContext
+from pyspark import Accumulator, AccumulatorParam, SparkContext
 from pyspark.sql import SparkSession
 
 from pipeline.config import Config
@@ -243,6 +247,121 @@ def job_group(sc: SparkContext, name: str) -> Iterator[str]:
         sc.setLocalProperty("spark.jobGroup.id", previous)  # type: ignore[arg-type]
 
 
+class PerTask(AccumulatorParam):
+    """{task: value}: a retried task replaces its own entry."""
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, a: dict, b: dict) -> dict:  # noqa: N802 - Spark's name
+        a.update(b)
+        return a
+
+
+class TaskReporter:
+    """Inside one task: its running totals (rows and bytes read), written to a small file the
+    driver reads (local masters) at the first update, then at most every ``REPORT_SECONDS``,
+    and at the end; on a cluster, only at the end (an accumulator)."""
+
+    def __init__(self, counts: TaskCounts, task: int):
+        self.counts, self.task = counts, task
+        self.next = time.monotonic()  # the first update is written at once
+
+    def update(self, rows: int, nbytes: int) -> None:
+        if self.counts.directory is not None and time.monotonic() >= self.next:
+            self._write(rows, nbytes)
+
+    def finish(self, rows: int, nbytes: int) -> None:
+        if self.counts.directory is not None:
+            self._write(rows, nbytes)
+        else:
+            self.counts.ended.add({self.task: (rows, nbytes)})
+
+    def _write(self, rows: int, nbytes: int) -> None:
+        self.next = time.monotonic() + REPORT_SECONDS
+        path = os.path.join(self.counts.directory or "", f"task-{self.task}")
+        with contextlib.suppress(OSError):  # progress never fails a task
+            with open(f"{path}.{os.getpid()}.tmp", "w") as fh:
+                fh.write(f"{rows} {nbytes}\n")
+            os.replace(f"{path}.{os.getpid()}.tmp", path)
+
+
+REPORT_SECONDS = 2.0
+
+
+@dataclass
+class TaskCounts:
+    """Rows and bytes read so far by the tasks of one stage, for its heartbeats. With a local
+    master each task writes its running totals to a file in ``directory`` every few seconds
+    and the driver sums them: a long task shows progress while it runs. On a cluster a task's
+    totals arrive when it ends (``ended``, an accumulator). Pickled into the tasks."""
+
+    directory: str | None
+    ended: Accumulator
+    total_rows: int | None = None  # rows to read, when known before the tasks run
+    phase: str = ""  # what the driver does after the tasks, for the heartbeat
+
+    @classmethod
+    def create(cls, sc: SparkContext, local: bool | None = None) -> TaskCounts:
+        """``local``: whether the tasks share this machine's disk (default: a local master)."""
+        local = sc.master.startswith("local") if local is None else local
+        return cls(tempfile.mkdtemp(prefix="spark-bpe-progress-") if local else None,
+                   sc.accumulator({}, PerTask()))
+
+    def reporter(self, task: int) -> TaskReporter:
+        return TaskReporter(self, task)
+
+    def totals(self) -> tuple[int, int]:
+        """(rows, bytes) read so far (driver side)."""
+        if self.directory is None:
+            parts = list(self.ended.value.values())
+        else:
+            parts = []
+            for name in os.listdir(self.directory):
+                if not name.endswith(".tmp"):
+                    with contextlib.suppress(OSError, ValueError), \
+                            open(os.path.join(self.directory, name)) as fh:
+                        rows, nbytes = fh.read().split()
+                        parts.append((int(rows), int(nbytes)))
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def close(self) -> None:
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __getstate__(self) -> dict:  # what a task needs
+        return {"directory": self.directory, "ended": self.ended}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["directory"], state["ended"])  # type: ignore[misc]
+
+
+def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[[], dict]:
+    """A poll for :class:`pipeline.progress.Stage` of a stage that reads input: rows (out of
+    ``counts.total_rows`` when known, with the ETA from them), bytes read, and tasks done out
+    of all from Spark's status tracker."""
+    tasks = task_progress(sc, group)
+    t0 = time.time()
+
+    def poll() -> dict:
+        t = tasks()
+        rows, nbytes = counts.totals()
+        out: dict = {"tasks": f"{t['done']}/{t['total']}" if "total" in t else t["done"],
+                     "running": t["running"], "rows": rows, "bytes_read": nbytes,
+                     "bytes_per_s": int(nbytes / max(time.time() - t0, 1e-3))}
+        if counts.total_rows:
+            out.update(unit="rows", done=min(rows, counts.total_rows), total=counts.total_rows)
+            del out["rows"]
+        else:
+            out.update(unit="tasks", done=t["done"], total=t.get("total"))
+            del out["tasks"]
+        if counts.phase:
+            out["note"] = counts.phase
+        return out
+
+    return poll
+
+
 def task_progress(sc: SparkContext, group: str) -> Callable[[], dict]:
     """A poll for :class:`pipeline.progress.Stage`: tasks done, total and running in the
     group's jobs, from Spark's status tracker."""
@@ -252,10 +371,11 @@ def task_progress(sc: SparkContext, group: str) -> Callable[[], dict]:
         done = total = running = 0
         for job_id in tracker.getJobIdsForGroup(group):
             job = tracker.getJobInfo(job_id)
+            ended = job is not None and job.status == "SUCCEEDED"
             for stage_id in (job.stageIds if job else ()):
                 st = tracker.getStageInfo(stage_id)
-                if st is not None:
-                    total += st.numTasks
+                if st is not None:  # a finished job's stages that did not run were skipped
+                    total += st.numCompletedTasks if ended else st.numTasks
                     done += st.numCompletedTasks
                     running += st.numActiveTasks
         out: dict = {"done": done, "running": running}

@@ -57,17 +57,17 @@ def resumed_from(log: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def first_run(spark, corpus: Path, tmp_path: Path, procs: list, merges: int
-              ) -> tuple[Path, Path, list[str]]:
-    """The reference run, and a finished first run of ``merges`` merges into tmp_path/run from
-    its word table (driver engine, a checkpoint every 20 merges): (reference, run, args)."""
+def first_run(spark, corpus: Path, tmp_path: Path, merges: int) -> tuple[Path, Path, list[str]]:
+    """The reference run, and a finished first run of ``merges`` merges in tmp_path/run (the
+    library's uninterrupted run of that size, with its checkpoint, as a finished job leaves
+    it), and the job arguments that continue it (driver engine, a checkpoint every 20 merges):
+    (reference, run, args)."""
     ref = reference_run(spark, corpus, VOCAB)
     run = tmp_path / "run"
+    shutil.copytree(reference_run(spark, corpus, 257 + merges), run)
+    assert newest_checkpoint(run / "checkpoints") == merges
     args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
             "--engine", "local", "--checkpoint-every-merges", "20"]
-    p = submit([*args, "--vocab-size", str(257 + merges)], tmp_path, "first")
-    procs.append(p)
-    assert p.wait(180) == 0, p.tail()
     return ref, run, args
 
 
@@ -278,7 +278,7 @@ def test_a_rerun_killed_while_writing_outputs_leaves_no_run_json(spark, corpus, 
     complete run, and readers refuse it; the same command then completes it."""
     from pipeline.encoder import EncodeError, Tokenizer
 
-    ref, run, args = first_run(spark, corpus, tmp_path, procs, 100)
+    ref, run, args = first_run(spark, corpus, tmp_path, 100)
     old_merges = merges_txt(run)
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "killed",
                env=job_env(SPARK_BPE_INJECT="outputs=pause:60"))
@@ -303,7 +303,7 @@ def test_a_rerun_killed_while_writing_outputs_leaves_no_run_json(spark, corpus, 
 def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path, procs):
     """A driver without the memory the engine needs: exit 1, one line naming the stage, the
     memory and the setting to change; the checkpoints stay valid and a rerun resumes."""
-    ref, run, args = first_run(spark, corpus, tmp_path, procs, 100)
+    ref, run, args = first_run(spark, corpus, tmp_path, 100)
 
     # a bigger vocabulary on a driver that cannot allocate the engine's arrays
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "short-of-memory",
@@ -333,12 +333,14 @@ def test_overlapping_runs_on_one_directory_do_not_interleave(spark, corpus, tmp_
     run = tmp_path / "run"
     args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
             "--vocab-size", str(VOCAB)]
-    first = submit(args, tmp_path, "first", env=job_env(SPARK_BPE_INJECT="merges=pause:20"))
+    gate = tmp_path / "go-on"
+    first = submit(args, tmp_path, "first", env=job_env(SPARK_BPE_INJECT=f"merges=wait:{gate}"))
     procs.append(first)
     first.wait_until(lambda: "merges: started" in first.log(), 120, "the merge stage")
     second = submit(args, tmp_path, "second")
     procs.append(second)
     assert second.wait(120) == 2, second.tail()
+    gate.touch()  # the first run goes on only now
     last = second.last_line()
     assert last.startswith(f"error: {run} is in use by another run (host "), last
     holder = json.loads((run / ".lease.json").read_text())
@@ -365,7 +367,7 @@ def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, 
                                                                  procs):
     """The disk fills up while checkpoints are written (no file may grow past 2 KB): exit 1,
     one line naming the file; the earlier checkpoints stay valid and a rerun resumes."""
-    ref, run, args = first_run(spark, corpus, tmp_path, procs, 60)
+    ref, run, args = first_run(spark, corpus, tmp_path, 60)
     assert newest_checkpoint(run / "checkpoints") == 60
 
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "disk-full",
@@ -411,10 +413,7 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
     JVM, which runs the Python driver as its child) or a plain ``python jobs/train.py``.
     Either way: exit 143, the last line says so, no process of the job is left behind, the
     lease is released, the checkpoint is valid and the same command resumes from it."""
-    ref = reference_run(spark, corpus, VOCAB)
-    run = tmp_path / "run"
-    args = ["--words", str(ref.parent / "reference-words"), "--output", str(run),
-            "--engine", "local", "--checkpoint-every-merges", "20"]
+    ref, run, args = first_run(spark, corpus, tmp_path, 100)
 
     def start(name: str, vocab: int, **env: str) -> ProcGroup:
         if launcher == "spark-submit":
@@ -426,8 +425,6 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
         procs.append(p)
         return p
 
-    p = start("first", 257 + 100)
-    assert p.wait(180) == 0, p.tail()
     p = start("terminated", VOCAB, SPARK_BPE_INJECT="merges=pause:60")
     p.wait_until(lambda: "merges: started" in p.log(), 120, "the merge stage")
     os.kill(p.proc.pid, signal.SIGTERM)  # the launcher only, as a scheduler does
@@ -499,3 +496,8 @@ def test_heartbeats_reach_the_log_and_progress_jsonl_under_spark_submit(corpus, 
     assert merges[-1]["done"] == merges[-1]["total"] == 143
     assert sum(e["event"] == "beat" for e in merges) >= 4
     assert {e["stage"] for e in events} >= {"prepare", "count", "merges", "outputs", "report"}
+    count = [e for e in events if e["stage"] == "count"][-1]  # rows out of all, bytes read
+    assert count["event"] == "end" and count["done"] == count["total"] > 0, count
+    assert count["bytes_read"] > 0 and count["tasks"].startswith(("1/", "2/", "3/", "4/"))
+    assert re.search(r"count: done in [\d.]+ s; [\d,]+/[\d,]+ rows, tasks \d+/\d+, "
+                     r"[\d.]+ [kMG]B read", log), log[-3000:]

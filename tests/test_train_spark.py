@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -86,12 +87,12 @@ def test_a_half_changed_partition_state_is_rebuilt_from_the_word_table(spark):
 
 @pytest.fixture(scope="module")
 def en_slice(tmp_path_factory):
-    """A few hundred KB of en-docs, in corpus order, as two shards."""
+    """About 250 KB of en-docs, in corpus order, as two shards."""
     src = need_corpus(EN_DOCS)
     texts = pq.read_table(src / "part-00000.parquet").column("text").to_pylist()
     picked, size = [], 0
     for t in texts:
-        if size > 400_000:
+        if size > 250_000:
             break
         picked.append(t)
         size += len(t.encode())
@@ -116,7 +117,7 @@ def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path, m
     words = table.column("word").to_pylist()
     counts = table.column("count").to_pylist()
     ids, base = initial_words(words)
-    n = 1200
+    n = 500
     expected = train_oracle(ids, counts, base.tokens, n)
     runs = {}
     symbols = sum(len(w) for w in words)
@@ -140,27 +141,32 @@ def run_job(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
                            "local[2]", *args], capture_output=True, text=True, cwd=cwd)
 
 
-def test_seed_examples_through_the_job(tmp_path):
+def test_seed_examples_through_the_pipeline(spark, tmp_path):
+    """The seeds' worked examples, from command-line flags through count, train and the
+    trace (in this process; the job's own entry point is run by the fault and job tests)."""
+    from pipeline.config import resolve, validate
+
+    def run(*args: str) -> list[list[str]]:
+        train(spark, validate(resolve([*args, "--no-progress-bar"]), "train"))
+        out = Path(args[args.index("--output") + 1])
+        lines = (out / "trace.tsv").read_text(encoding="utf-8").splitlines()
+        return [line.split("\t") for line in lines[1:]]
+
     src = tmp_path / "seed"
     src.mkdir()
     pq.write_table(pa.table({"text": ["aaabdaaabac"]}), src / "a.parquet")
-    r = run_job("--input", str(src), "--output", str(tmp_path / "run"), "--pattern", "none",
-                "--num-merges", "3", "--special-tokens", "", "--min-pair-count", "1")
-    assert r.returncode == 0, r.stderr
-    trace = (tmp_path / "run" / "trace.tsv").read_text().splitlines()
-    assert [line.split("\t")[1:] for line in trace[1:]] == [
+    rows = run("--input", str(src), "--output", str(tmp_path / "run"), "--pattern", "none",
+               "--num-merges", "3", "--special-tokens", "", "--min-pair-count", "1")
+    assert [x[1:] for x in rows] == [
         ["a", "a", "aa", "4", "9"], ["aa", "a", "aaa", "2", "7"], ["aaa", "b", "aaab", "2", "5"]]
     # the review, character start, seed 000's split
     src2 = tmp_path / "review"
     src2.mkdir()
     pq.write_table(pa.table({"text": ["the café baker bakes cakes, the café bakes soufflé"]}),
                    src2 / "a.parquet")
-    r = run_job("--input", str(src2), "--output", str(tmp_path / "run2"), "--pattern",
-                r" ?\w+|[^\w\s]", "--alphabet", "chars", "--num-merges", "5",
-                "--special-tokens", "", "--engine", "spark")
-    assert r.returncode == 0, r.stderr
-    rows = [line.split("\t") for line in
-            (tmp_path / "run2" / "trace.tsv").read_text().splitlines()[1:]]
+    rows = run("--input", str(src2), "--output", str(tmp_path / "run2"), "--pattern",
+               r" ?\w+|[^\w\s]", "--alphabet", "chars", "--num-merges", "5",
+               "--special-tokens", "", "--engine", "spark")
     assert [(x[1], x[2], x[4], x[5]) for x in rows] == [
         ("a", "k", "4", "46"), ("ak", "e", "4", "42"), (" ", "c", "3", "39"),
         (" ", "b", "3", "36"), (" b", "ake", "3", "33")]

@@ -380,3 +380,65 @@ def test_spilled_partials_are_removed(spark, mixed_corpus, tmp_path, monkeypatch
     count_words(spark, Config(input=str(mixed_corpus), output=str(tmp_path / "words"),
                               special_tokens=["<|endoftext|>"]))
     assert len(made) == 1 and made[0] is not None and not os.path.exists(made[0])
+
+
+@pytest.mark.parametrize("reader", ["arrow", "spark"])
+def test_the_count_heartbeat_says_rows_and_bytes_read(spark, mixed_corpus, naive_mixed,
+                                                      tmp_path, reader):
+    """The count stage's heartbeats carry the rows and bytes the tasks have read (and, with
+    the pyarrow reader, which knows the rows from the footers, progress in rows)."""
+    from pipeline.progress import Progress
+
+    jsonl = tmp_path / "progress.jsonl"
+    cfg = Config(input=str(mixed_corpus), output=str(tmp_path / "words"),
+                 special_tokens=["<|endoftext|>"], count_reader=reader, num_partitions=3)
+    count_words(spark, cfg, progress=Progress("count", str(jsonl), every=60, bar=False))
+    end = [json.loads(x) for x in jsonl.read_text().splitlines()][-1]
+    rows, nbytes = naive_mixed.stats["rows"], naive_mixed.stats["bytes"]
+    assert end["event"] == "end" and end["bytes_read"] == nbytes and end["bytes_per_s"] > 0
+    if reader == "arrow":
+        assert end["done"] == end["total"] == rows and end["tasks"] == "3/3"
+    else:
+        assert end["rows"] == rows and end["done"] == end["total"] >= 1
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_tasks_report_what_they_have_read_while_they_run(spark, tmp_path, local):
+    """With a local master a task's running totals reach the driver while it still runs
+    (each task here waits until the driver has seen them); on a cluster they arrive when
+    the task ends."""
+    import threading
+    import time
+
+    from pyspark import TaskContext
+
+    from pipeline.spark_session import TaskCounts
+
+    sc = spark.sparkContext
+    counts = TaskCounts.create(sc, local=local)
+    go = tmp_path / "go"
+
+    def task(_):
+        report = counts.reporter(TaskContext.get().partitionId())
+        report.update(5, 50)
+        deadline = time.time() + 60
+        while local and not go.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        report.finish(7, 70)
+        yield go.exists() or not local
+
+    result: dict = {}
+    job = threading.Thread(target=lambda: result.update(
+        ok=sc.parallelize([0, 1], 2).mapPartitions(task).collect()))
+    job.start()
+    if local:
+        deadline = time.time() + 60
+        while counts.totals() != (10, 100):
+            assert time.time() < deadline, counts.totals()
+            time.sleep(0.05)
+        go.touch()
+    job.join(120)
+    assert result["ok"] == [True, True]
+    assert counts.totals() == (14, 140)  # the end's totals replace the running ones
+    counts.close()
+    assert counts.directory is None or not os.path.exists(counts.directory)

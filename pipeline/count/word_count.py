@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark import RDD, Accumulator, AccumulatorParam, SparkContext, StorageLevel
+from pyspark import RDD, Accumulator, AccumulatorParam, SparkContext, StorageLevel, TaskContext
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -52,7 +52,13 @@ from pipeline.pretokenize import (
     WordCounter,
 )
 from pipeline.progress import Progress
-from pipeline.spark_session import job_group, start_session, task_progress
+from pipeline.spark_session import (
+    TaskCounts,
+    TaskReporter,
+    job_group,
+    read_progress,
+    start_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +160,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str], int],
-                        weights: list[int], max_word_bytes: int):
+                        weights: list[int], max_word_bytes: int, counts: TaskCounts):
     """The Spark-reader task: rows arrive from Spark's scan as Arrow batches of (text, source,
     path, block, row). Parquet gives each row's index in its file (block 0); other formats
     only the byte offset where the file's split starts, so a row is numbered within its split,
@@ -163,6 +169,8 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
     def count_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pre = Pretokenizer(spec)
         counters: dict[tuple[int, int], WordCounter] = {}
+        report = counts.reporter(TaskContext.get().partitionId())
+        rows_read = bytes_read = 0
         for batch in batches:
             texts = batch.column(0).to_pylist()
             sources = batch.column(1).to_pylist()
@@ -181,10 +189,15 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
                     wc = counters[(fidx, block)] = WordCounter(pre, fidx,
                                                                max_word_bytes=max_word_bytes)
                 add = wc.add_row
+                before = wc.stats.bytes
                 for i in range(start, end):
                     row = rows[i]
                     add(wc.stats.rows if row is None else row, texts[i])
+                bytes_read += wc.stats.bytes - before
                 start = end
+            rows_read += batch.num_rows
+            report.update(rows_read, bytes_read)
+        report.finish(rows_read, bytes_read)
         # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark
         file_rows: dict[str, int] = {}
         for (fidx, _), wc in counters.items():
@@ -205,6 +218,7 @@ class ReadSlice:
     row_groups: tuple[int, ...]
     first_row: int  # index in the file of the first row of the first row group
     nbytes: int
+    num_rows: int = 0
 
 
 def plan_slices(files: list[str], text_column: str, tasks: int,
@@ -223,7 +237,8 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
         first = 0
         for rg in range(meta.num_row_groups):
             group = meta.row_group(rg)
-            slices.append(ReadSlice(fidx, path, (rg,), first, group.total_byte_size))
+            slices.append(ReadSlice(fidx, path, (rg,), first, group.total_byte_size,
+                                    group.num_rows))
             first += group.num_rows
     n = max(1, min(tasks, len(slices)))
     loads = [(0, t) for t in range(n)]
@@ -239,12 +254,15 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
 
 def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice],
                   max_word_bytes: int = 0, ignore_corrupt: bool = False,
-                  weights: list[int] | None = None) -> Iterator[pa.RecordBatch]:
+                  weights: list[int] | None = None, report: TaskReporter | None = None
+                  ) -> Iterator[pa.RecordBatch]:
     """The Arrow-reader task: read these row groups with pyarrow and count their words. One
-    counter per source weight (the slices come in corpus order)."""
+    counter per source weight (the slices come in corpus order). ``report``: told the rows
+    and bytes read so far after every batch."""
     pre = Pretokenizer(spec)
     counters: dict[int, WordCounter] = {}
     unreadable: set[int] = set()
+    rows_read = bytes_read = 0
     for s in slices:
         if s.file_index in unreadable:
             continue
@@ -259,13 +277,20 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
             parquet = pq.ParquetFile(s.path)
             for batch in parquet.iter_batches(batch_size=4096, row_groups=list(s.row_groups),
                                               columns=[text_column], use_threads=False):
+                before = wc.stats.bytes
                 for text in batch.column(0).to_pylist():
                     add(row, text)
                     row += 1
+                rows_read += batch.num_rows
+                bytes_read += wc.stats.bytes - before
+                if report is not None:
+                    report.update(rows_read, bytes_read)
         except (OSError, pa.ArrowException) as exc:
             if not ignore_corrupt:  # the driver turns this into one line naming the file
                 raise RuntimeError(f"{UNREADABLE} {s.path} :: {_first_line(exc)}") from None
             unreadable.add(s.file_index)  # what was read is kept, as Spark does
+    if report is not None:
+        report.finish(rows_read, bytes_read)
     yield from _partial_batches([(wc, 0, w) for w, wc in counters.items()],
                                 {f"skipped_file:{i}": 1 for i in unreadable})
 
@@ -814,7 +839,7 @@ def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
 
 
 def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
-                   size: Accumulator) -> DataFrame:
+                   size: Accumulator, counts: TaskCounts) -> DataFrame:
     """Spark's reader: the tasks' partial counts as a DataFrame (``_PARTIAL_SCHEMA``); the
     bytes of each task's Arrow output are added to ``size`` (:class:`_OutputSize`)."""
     assert corpus.df is not None
@@ -824,7 +849,7 @@ def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
         # keep each file's rows in order inside a partition: repartition by file, sort rows
         src = src.repartition(cfg.num_partitions, "source", "path").sortWithinPartitions(
             "source", "path", "row")
-    count = _count_partition_fn(spec, file_index, corpus.weights, cfg.max_word_bytes)
+    count = _count_partition_fn(spec, file_index, corpus.weights, cfg.max_word_bytes, counts)
 
     def measured(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task_bytes = 0
@@ -924,22 +949,24 @@ def _spill_dir(sc: SparkContext) -> str | None:
 
 
 def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
-                    plan: list[list[ReadSlice]] | None) -> Partials:
+                    plan: list[list[ReadSlice]] | None, counts: TaskCounts) -> Partials:
     """Run the count tasks. All run at once and keep their output on the executors' disks,
-    measured by an accumulator."""
+    measured by an accumulator; they report what they have read to ``counts``."""
     sc = spark.sparkContext
     size = sc.accumulator((0, 0), _OutputSize())
     if plan is None:
-        frame = _partial_frame(corpus, cfg, spec, size).persist(StorageLevel.DISK_ONLY)
+        frame = _partial_frame(corpus, cfg, spec, size, counts).persist(StorageLevel.DISK_ONLY)
         return _measured(Partials(spark, 0, 0, frame=frame), frame.count, size)
     text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
     weights = corpus.weights
     n = len(plan)
     spill = _spill_dir(sc)
+    counts.total_rows = sum(s.num_rows for task in plan for s in task)
 
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
-            batches = _count_slices(spec, text_column, plan[i], cap, ignore, weights)
+            batches = _count_slices(spec, text_column, plan[i], cap, ignore, weights,
+                                    counts.reporter(i))
             if spill is not None:  # one Arrow stream per task, written whole, then renamed
                 path = os.path.join(spill, f"task-{i:05d}.arrow")
                 tmp = f"{path}.{os.getpid()}.tmp"  # a retried or speculative attempt: its own
@@ -981,24 +1008,29 @@ def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
                 frame: DataFrame | None = None) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically, with
-    heartbeats (tasks done out of all, from Spark's status tracker) while it runs. ``frame``:
+    heartbeats while it runs (rows and bytes the tasks have read, see
+    :class:`pipeline.spark_session.TaskCounts`; tasks done from Spark's status tracker). ``frame``:
     count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
     partitions in order, rows in partition order)."""
     t0 = time.time()
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
                                     bar=cfg.progress_bar)
     sc = spark.sparkContext
-    with job_group(sc, "count") as group, progress.stage(
-            "count", unit="tasks", poll=task_progress(sc, group)) as stage:
-        wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, frame)
-        st = wt.meta["stats"]
-        stage.update(note=f"{st['unique_words']:,} distinct words, {st['words']:,} words, "
-                          f"{st['rows']:,} rows, {st['bytes'] / 1e6:,.0f} MB")
+    counts = TaskCounts.create(sc)
+    try:
+        with job_group(sc, "count") as group, progress.stage(
+                "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
+            wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, frame)
+            counts.phase = ""
+            st = wt.meta["stats"]
+            stage.update(note=f"{st['unique_words']:,} distinct words, {st['words']:,} words")
+    finally:
+        counts.close()
     return wt
 
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-           frame: DataFrame | None = None) -> WordTable:
+           counts: TaskCounts, frame: DataFrame | None = None) -> WordTable:
     footers: dict[str, pq.FileMetaData] = {}
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     corpus = None if frame is not None else list_local_sources(cfg, footers, skipped)
@@ -1015,7 +1047,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
         fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
             else {"files": 0, "bytes": 0, "digest": "a DataFrame: never reused"}
         return _count_and_write(spark, cfg, spec, t0, corpus, plan, fingerprint,
-                                skipped or [])
+                                skipped or [], counts)
     except Exception as exc:
         named = _unreadable_file_error(exc)
         if named is None:
@@ -1107,10 +1139,11 @@ def describe_input_change(old: dict | None, new: dict) -> str:
 
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
                      corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                     skipped: list[str]) -> WordTable:
+                     skipped: list[str], counts: TaskCounts) -> WordTable:
     tmp = fsutil.staging_dir(spark, cfg.output, "word_table.json")
     try:
-        return _count_into(spark, cfg, spec, t0, corpus, plan, fingerprint, skipped, tmp)
+        return _count_into(spark, cfg, spec, t0, corpus, plan, fingerprint, skipped, tmp,
+                           counts)
     except BaseException:
         with contextlib.suppress(Exception):  # nothing half-written is left behind
             fsutil.delete(spark, tmp)  # (on an object store: the output, without its marker)
@@ -1136,7 +1169,8 @@ def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list
 
 
 def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, tmp: str,
-           t0: float, reader: str) -> tuple[pa.Table | None, dict[str, int], int, float]:
+           t0: float, reader: str, counts: TaskCounts
+           ) -> tuple[pa.Table | None, dict[str, int], int, float]:
     """Merge the partial counts where ``count_merge`` and the driver's memory say, and write
     the word table under ``tmp``. Returns (the table when merged on the driver, statistics,
     distinct words, time counted)."""
@@ -1146,6 +1180,7 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
         partials.largest, driver_fetch_limit(conf) if partials.through_jvm else None)
     t_counted = time.time()
     log.info("counted in %.1f s (%s); %s", t_counted - t0, reader, why)
+    counts.phase = f"merging the partial counts ({where})"
     if where == "driver":
         try:
             collected = partials.fetch(buckets)
@@ -1155,6 +1190,7 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
                 raise
             log.warning("partial counts too big for the driver (%s); merging with Spark "
                         "instead (set count_merge = spark)", _first_line(exc))
+            counts.phase = "merging the partial counts (spark)"
         else:
             merged, stats = merge_partials(collected, n_files)
             del collected
@@ -1169,13 +1205,13 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
 
 def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
                 corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                skipped: list[str], tmp: str) -> WordTable:
+                skipped: list[str], tmp: str, counts: TaskCounts) -> WordTable:
     files = corpus.files
     reader = "pyarrow in the tasks" if plan is not None else "Spark's reader"
-    partials = _count_partials(spark, corpus, cfg, spec, plan)
+    partials = _count_partials(spark, corpus, cfg, spec, plan, counts)
     try:
         merged, stats, unique_words, t_count = _merge(spark, cfg, partials, len(files), tmp,
-                                                      t0, reader)
+                                                      t0, reader, counts)
     finally:
         partials.release()
     t_write = time.time()
