@@ -142,7 +142,7 @@ class Pretokenizer:
 
     def words(self, text: str) -> list[str]:
         """All words of one row, in text order."""
-        return self.split_chunks(self.chunks(self.prepare(text)))
+        return self.split_chunks(self.prepare(c) for c in self.chunks(text))
 
     def split_chunks(self, chunks: Iterable[str]) -> list[str]:
         """The words of prepared text chunks (special tokens already cut out), in order."""
@@ -249,13 +249,15 @@ class WordCounter:
         else:
             st.bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
         pre = self.pretokenizer
-        text = pre.prepare(text)
+        prepare = pre.prepare
+        # special tokens are found in the text as it is, then each piece is normalized: as the
+        # encoders do (tiktoken's semantics), so "<|ENDOFTEXT|>" stays text under lowercase
         if pre._specials is not None and any(s in text for s in pre.spec.special_tokens):
             pieces = pre._specials.split(text)
             st.special_tokens += len(pieces) - 1
-            words = pre.split_chunks(c for c in pieces if c)
+            words = pre.split_chunks(prepare(c) for c in pieces if c)
         else:
-            words = pre.split_chunks((text,))
+            words = pre.split_chunks((prepare(text),))
         if not words:
             return
         st.words += len(words)

@@ -39,6 +39,7 @@ from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settin
 from pipeline.config import Config, ConfigError
 from pipeline.count.external import import_word_table, is_ours
 from pipeline.count.word_count import (
+    SPECIAL_TOKENS_CUT,
     WordTable,
     count_words,
     describe_input_change,
@@ -98,7 +99,12 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
         same_source = all(wt.meta.get(k, default) == getattr(cfg, k) for k, default in (
             ("input", ""), ("text_column", "text"), ("input_format", "parquet"),
             ("input_table", ""), ("input_weights", [])))
-        if same_source and all(getattr(cfg, k) == v for k, v in _table_settings(wt).items()):
+        if same_source and _cut_elsewhere(wt, cfg):
+            changed = True
+            log.info("recounting: the word table at %s was counted by an older version that "
+                     "cut special tokens after normalization and lowercasing", own)
+        elif same_source and all(getattr(cfg, k) == v
+                                 for k, v in _table_settings(wt).items()):
             files, footers = list_input(spark, cfg)
             now = input_fingerprint(spark, files, footers)
             then = wt.meta.get("input_fingerprint")
@@ -114,6 +120,13 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
              own)
     wt = count_words(spark, sub, progress, frame)
     return WordTableChoice(wt, time.time() - t0, changed)
+
+
+def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:
+    """Whether the table's special tokens were cut where this version no longer cuts them, in
+    a way that can matter (normalization or lowercasing with special tokens)."""
+    return (wt.meta.get("special_tokens_cut") != SPECIAL_TOKENS_CUT and bool(cfg.special_tokens)
+            and (cfg.lowercase or cfg.normalization != "none"))
 
 
 def _table_settings(wt: WordTable) -> dict:

@@ -5,10 +5,11 @@ taken from ``pipeline.pretokenize.PATTERNS`` (test_pretokenize holds them equal 
 
 Files in the order given (the caller sorts them by path), rows in order. A row that is null or
 empty is skipped; a binary row is decoded as UTF-8, keeping invalid bytes with
-``surrogateescape``; the text is normalized (``normalization``), then lowercased; special
-tokens are cut out (leftmost first, the longest where several start at one place); every chunk
-between them is split with ``regex`` (a word is the whole match; pattern ``none``: the chunk
-is the word). A word's rank is the index of its first match among the row's matches. Words
+``surrogateescape``; special tokens are cut out of the text as it is (leftmost first, the
+longest where several start at one place, as tiktoken finds them); every chunk between them is
+normalized (``normalization``), then lowercased, then split with ``regex`` (a word is the
+whole match; pattern ``none``: the chunk is the word). A word's rank is the index of its first
+match among the row's matches. Words
 longer than ``max_word_bytes`` (UTF-8, invalid bytes as they were) are left out of the table,
 but still take their places in the ranks and in the maxima below.
 
@@ -106,12 +107,12 @@ def naive_count(files: Sequence[Iterable[str | bytes | None]], pattern: str = "c
             else:
                 stats["bytes"] += len(value.encode("utf-8"))
                 text = value
-            if normalization != "none":
-                text = unicodedata.normalize(normalization, text)
-            if lowercase:
-                text = text.lower()
-            chunks, cuts = cut_special_tokens(text, special_tokens)
+            chunks, cuts = cut_special_tokens(text, special_tokens)  # in the raw text
             stats["special_tokens"] += cuts
+            if normalization != "none":
+                chunks = [unicodedata.normalize(normalization, c) for c in chunks]
+            if lowercase:
+                chunks = [c.lower() for c in chunks]
             if split is None:
                 matches = chunks
             else:

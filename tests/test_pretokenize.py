@@ -65,6 +65,32 @@ def test_special_tokens_are_cut_out_and_never_spanned():
     assert pre.chunks("a<|end|>b<|endoftext|>") == ["a", "b"]
 
 
+def test_special_tokens_are_found_before_normalization_as_the_encoders_find_them():
+    """Training cuts special tokens where the encoders (tiktoken, ours) do: in the text as it
+    is; "<|ENDOFTEXT|>" lowercased is text, and NFKC is applied to each piece."""
+    from collections import Counter
+
+    from pipeline.bpe import bytes_vocab
+    from pipeline.encoder import Tokenizer
+
+    spec = PretokenizerSpec("cl100k", ("<|endoftext|>",), lowercase=True,
+                            normalization="NFKC")
+    row = "Ünïcode<|ENDOFTEXT|>x<|endoftext|>ﬁn ＡＢ"
+    wc = WordCounter(Pretokenizer(spec))
+    wc.add_row(0, row)
+    assert wc.stats.special_tokens == 1
+    plain = Pretokenizer(PretokenizerSpec("cl100k", (), True, "NFKC"))
+    pieces = row.split("<|endoftext|>")
+    assert Counter(wc.counts) == Counter(w for p in pieces for w in plain.words(p))
+    assert Pretokenizer(spec).words(row) == [w for p in pieces for w in plain.words(p)]
+    # what the encoder makes of the row: the same pieces' words, and the special's id
+    tok = Tokenizer(bytes_vocab(), [], ["<|endoftext|>"], spec)
+    ids = tok.encode(row, allowed_special="all")
+    special = tok.special_ids["<|endoftext|>"]
+    assert ids.count(special) == 1
+    assert tok.decode(ids[:ids.index(special)]) == "".join(plain.words(pieces[0]))
+
+
 def test_none_pattern_and_normalization():
     pre = Pretokenizer(PretokenizerSpec("none", (), lowercase=True, normalization="NFKC"))
     assert pre.words("ＡＢＣ def") == ["abc def"]

@@ -212,3 +212,32 @@ def test_deferred_session_is_created_only_when_used(spark, tmp_path):
     early = DeferredSession(SparkSession.builder, spark.sparkContext, lambda s: None)
     start_session(early)
     assert early.created and early.session() is spark
+
+
+def test_a_table_that_cut_special_tokens_after_normalization_is_recounted(spark, tmp_path,
+                                                                          caplog):
+    """Tables from before special tokens were found in the raw text are recounted when
+    lowercasing or normalization could make the difference, and reused otherwise."""
+    import logging
+
+    src = tmp_path / "c"
+    src.mkdir()
+    pq.write_table(pa.table({"text": ["Ab<|ENDOFTEXT|>cd ab<|endoftext|>ab cd"] * 3}),
+                   src / "a.parquet")
+    caplog.set_level(logging.INFO, logger="pipeline.train")
+    for lowercase in (True, False):
+        run = tmp_path / f"run-{lowercase}"
+        cfg = Config(input=str(src), output=str(run), num_merges=3, lowercase=lowercase,
+                     min_pair_count=1, progress_bar=False)
+        first = train(spark, cfg).merges
+        meta_path = run / "words" / "word_table.json"
+        meta = json.loads(meta_path.read_text())
+        assert meta["special_tokens_cut"] == "before normalization"
+        del meta["special_tokens_cut"]  # as an older version wrote it
+        meta_path.write_text(json.dumps(meta))
+        (run / "run.json").unlink()
+        caplog.clear()
+        assert train(spark, cfg).merges == first
+        recounted = "cut special tokens after normalization" in caplog.text
+        assert recounted == lowercase, caplog.text
+        assert ("reusing the word table" in caplog.text) == (not lowercase)

@@ -295,6 +295,10 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
                                 {f"skipped_file:{i}": 1 for i in unreadable})
 
 
+# where special tokens are found: tables without this key cut them after normalization and
+# lowercasing, which differs when those make or unmake a special-token string
+SPECIAL_TOKENS_CUT = "before normalization"
+
 PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
                                   ("count", pa.int64()), ("file", pa.int32()),
                                   ("block", pa.int64()), ("row", pa.int64()),
@@ -1250,6 +1254,7 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
             "normalization": spec.normalization,
         },
         "max_word_bytes": cfg.max_word_bytes,
+        "special_tokens_cut": SPECIAL_TOKENS_CUT,
         "unique_words": stats["unique_words"],
         "stats": {k: stats[k] for k in ("rows", "words", "bytes", "unique_words")},
         "left_out": {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
