@@ -87,6 +87,17 @@ def mkdirs(spark: SparkSession | None, path: str) -> None:
     fs.mkdirs(p)
 
 
+def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
+    """The names in a directory, or None when ``path`` is not a directory."""
+    if is_local(path) or spark is None:
+        lp = local_path(path)
+        return sorted(os.listdir(lp)) if os.path.isdir(lp) else None
+    fs, p = _fs(spark, path)
+    if not fs.exists(p) or not fs.getFileStatus(p).isDirectory():
+        return None
+    return sorted(str(st.getPath().getName()) for st in fs.listStatus(p))
+
+
 def read_text(spark: SparkSession | None, path: str) -> str:
     if is_local(path) or spark is None:
         with open(local_path(path), encoding="utf-8") as fh:

@@ -143,6 +143,35 @@ def test_an_external_word_table_trains_as_the_counted_one(spark, tmp_path):
     assert ours.meta["unique_words"] == len(words)
 
 
+def test_a_tsv_table_on_another_filesystem_is_read_through_spark(spark, tmp_path,
+                                                                 monkeypatch):
+    """Off the local disk (hdfs:, s3a:, ...) TSV tables go through Spark's text reader: the
+    same table as the local read, files in path order (.gz too), other files ignored; a
+    malformed line is still one error naming its file and line."""
+    import gzip
+
+    from pipeline import fsutil
+    from pipeline.config import ConfigError
+    from pipeline.count import external
+
+    d = tmp_path / "tsv"
+    d.mkdir()
+    (d / "b.tsv").write_text("two\\tabs\t5\nline\\nbreak\t3\r\n\nlast\t1")  # no final newline
+    with gzip.open(d / "a.tsv.gz", "wt") as fh:
+        fh.write("the\t12\n of\t7\n")
+    (d / "_SUCCESS").write_text("")
+    (d / "notes.md").write_text("not a table\n")
+    local = external.read_tsv(str(d))
+    assert local.column("word").to_pylist() == [b"the", b" of", b"two\tabs", b"line\nbreak",
+                                               b"last"]
+    monkeypatch.setattr(fsutil, "is_local", lambda path: False)  # as if it were on hdfs:
+    assert external.read_tsv(str(d), spark).equals(local)
+    assert fsutil.list_dir(spark, str(d)) == ["_SUCCESS", "a.tsv.gz", "b.tsv", "notes.md"]
+    (d / "c.tsv").write_text("fine\t1\nbroken\n")
+    with pytest.raises(ConfigError, match=r"c\.tsv line 2 is not 'word<TAB>count"):
+        external.read_tsv(str(d), spark)
+
+
 def test_a_malformed_external_table_is_one_config_error(tmp_path):
     from pipeline.config import ConfigError
     from pipeline.count.external import read_tsv

@@ -20,6 +20,7 @@ import glob
 import json
 import logging
 import os
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -67,37 +68,60 @@ def _files(path: str, suffixes: tuple[str, ...]) -> list[str]:
     return sorted(glob.glob(local)) if any(c in local for c in "*?[") else [local]
 
 
-def read_tsv(path: str) -> pa.Table:
-    """word, count, first_seen (the row order when the file has no third column)."""
-    words: list[bytes] = []
-    counts: list[int] = []
-    firsts: list[int] = []
-    files = _files(path, TSV_SUFFIXES)
-    if not files:
-        raise ConfigError(f"config key 'words': no TSV files ({', '.join(TSV_SUFFIXES)}) in "
-                          f"{path}")
-    for f in files:
+def _local_tsv(path: str) -> Iterator[tuple[str, Iterable[str]]]:
+    for f in _files(path, TSV_SUFFIXES):
         opener = open
         if f.endswith(".gz"):
             import gzip
 
             opener = gzip.open  # type: ignore[assignment]
         with opener(f, "rt", encoding="utf-8", errors="surrogateescape", newline="\n") as fh:
-            for n, line in enumerate(fh, 1):
-                line = line.rstrip("\n").rstrip("\r")
-                if not line:
-                    continue
-                parts = line.split("\t")
-                try:
-                    if len(parts) not in (2, 3) or not parts[0]:
-                        raise ValueError
-                    counts.append(int(parts[1]))
-                    firsts.append(int(parts[2]) if len(parts) == 3 else len(firsts))
-                except ValueError:
-                    raise ConfigError(
-                        f"config key 'words': {f} line {n} is not 'word<TAB>count"
-                        f"[<TAB>first_seen]': {line[:80]!r}") from None
-                words.append(unescape(parts[0]).encode("utf-8", "surrogateescape"))
+            yield f, fh
+
+
+def _spark_tsv(spark, path: str) -> Iterator[tuple[str, Iterable[str]]]:
+    """The TSV files of a path on another filesystem through Spark's text reader, one file
+    per row (``wholetext``; .gz decompressed by Hadoop), in path order."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.text(path, wholetext=True).select(
+        "value", F.col("_metadata.file_path").alias("file"))
+    suffix = F.lit(False)
+    for s in TSV_SUFFIXES:
+        suffix = suffix | F.col("file").endswith(s)
+    for row in df.where(suffix).orderBy("file").toLocalIterator():
+        yield row["file"], row["value"].split("\n")
+
+
+def read_tsv(path: str, spark=None) -> pa.Table:
+    """word, count, first_seen (the row order when the file has no third column). Local
+    files are read here; others through Spark (``spark``), whose text reader decodes invalid
+    UTF-8 as U+FFFD where a local read keeps the bytes."""
+    words: list[bytes] = []
+    counts: list[int] = []
+    firsts: list[int] = []
+    found = False
+    for f, lines in (_local_tsv(path) if fsutil.is_local(path) or spark is None
+                     else _spark_tsv(spark, path)):
+        found = True
+        for n, line in enumerate(lines, 1):
+            line = line.rstrip("\n").rstrip("\r")
+            if not line:
+                continue
+            parts = line.split("\t")
+            try:
+                if len(parts) not in (2, 3) or not parts[0]:
+                    raise ValueError
+                counts.append(int(parts[1]))
+                firsts.append(int(parts[2]) if len(parts) == 3 else len(firsts))
+            except ValueError:
+                raise ConfigError(
+                    f"config key 'words': {f} line {n} is not 'word<TAB>count"
+                    f"[<TAB>first_seen]': {line[:80]!r}") from None
+            words.append(unescape(parts[0]).encode("utf-8", "surrogateescape"))
+    if not found:
+        raise ConfigError(f"config key 'words': no TSV files ({', '.join(TSV_SUFFIXES)}) in "
+                          f"{path}")
     return pa.table({"word": pa.array(words, pa.binary()), "count": pa.array(counts, pa.int64()),
                      "first_seen": pa.array(firsts, pa.int64())})
 
@@ -156,14 +180,10 @@ def import_word_table(spark, cfg: Config, source: str, dest: str) -> dict:
     metadata (the pretokenizer settings are the run's own: the table is taken as given)."""
     from pipeline.count.word_count import WORD_TABLE_VERSION, _write_table, table_digest
 
-    local = fsutil.local_path(source)
-    is_tsv = source.endswith(TSV_SUFFIXES) or (
-        fsutil.is_local(source) and os.path.isdir(local)
-        and any(f.endswith(TSV_SUFFIXES) for f in os.listdir(local)))
-    if is_tsv and not fsutil.is_local(source):
-        raise ConfigError("config key 'words': TSV word tables are read from local paths; "
-                          "convert remote ones to Parquet (word, count[, first_seen])")
-    table = canonical(read_tsv(source) if is_tsv else read_parquet(spark, source))
+    names = fsutil.list_dir(spark, source)
+    is_tsv = source.endswith(TSV_SUFFIXES) or any(f.endswith(TSV_SUFFIXES)
+                                                  for f in names or ())
+    table = canonical(read_tsv(source, spark) if is_tsv else read_parquet(spark, source))
     if table.num_rows == 0:
         raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
     tmp = fsutil.staging_dir(spark, dest, "word_table.json")
