@@ -335,7 +335,7 @@ class MergeLog:
             last = new[-1]
             self.stage.update(len(self.merges),
                               last=f"{self.vocab[last.left]!r}+{self.vocab[last.right]!r}",
-                              count=last.count)
+                              count=last.count, note="")
         self.checkpoint()
 
     def checkpoint(self, force: bool = False) -> None:
@@ -374,6 +374,7 @@ def make_merges(spark: SparkSession, prep: Prepared, progress: Progress) -> Merg
                     del rest
                     _train_local(LocalTrainer(flat, lengths, counts, mlog.vocab), mlog, cfg)
         elif mlog.wanted > 0:
+            stage.update(note="reading the word table and counting its pairs")
             lt = LocalTrainer(*_load_local(spark, prep.table, prep.base),
                               prep.base.tokens)
             if mlog.merges:
@@ -388,6 +389,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
     """Spark rounds; with ``auto``, until the working set fits the driver budget. Returns the
     round statistics and, after a hand-off, the remaining words (else None)."""
     cfg = prep.cfg
+    mlog.stage.update(note="building the partitions' state and counting the pairs")
     parts = SparkPartitions(spark, prep.words(), cfg.num_partitions, *_char_ids(prep.base),
                             prep.base.size, replay=[(m.left, m.right) for m in mlog.merges])
     t0 = time.time()
