@@ -39,7 +39,7 @@ from pipeline.encoder import (
     merge_heap,
     merge_scan,
 )
-from pipeline.pretokenize import ASCII_PATTERNS, PATTERNS, Pretokenizer, PretokenizerSpec
+from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, fast_pattern
 
 from .conftest import EN_DOCS, need_module
 from .test_exports import EOT, corpus_rows, train_in_memory
@@ -144,15 +144,15 @@ def test_pathological_row_both_encoders(run_dir: Path, case: str):
 
 @pytest.mark.slow
 def test_split_of_pathological_rows_is_fast():
-    """The split itself (``regex`` with the named patterns, ``re`` with their ASCII versions,
+    """The split itself (``regex`` with the named patterns, ``re`` with their translations,
     and the Pretokenizer that picks between them) is linear on these rows."""
     rows = pathological_rows()
     for name, pattern in PATTERNS.items():
         full = regex.compile(pattern)
-        fast = re.compile(ASCII_PATTERNS[name]).findall
+        fast = re.compile(fast_pattern(name)).findall
         pre = Pretokenizer(PretokenizerSpec(name))
         for case, text in rows.items():
-            for how, findall in (("regex", full.findall), ("ascii", fast),
+            for how, findall in (("regex", full.findall), ("re", fast),
                                  ("pretokenizer", pre.words)):
                 words, sec = timed(lambda f=findall, t=text: f(t))
                 assert sec < 8, f"{name} {how} split of {case}: {sec:.1f} s"
