@@ -13,8 +13,10 @@ peak of the tree's sum, and per-process peaks grouped by role (jvm, python drive
 workers, launcher, reference). RSS sums count pages shared after fork (the PySpark daemon and
 its workers) more than once. ``os.wait4`` gives the cross-check, ru_maxrss (the largest single
 process of the tree, exact, as 0.2 s sampling can miss a short peak, but never below this
-script's own peak, which exec hands down), and CPU s (user + sys of the reaped tree: less
-sensitive than wall time to a busy machine). Ours also reports RUN_DIR/stats.json (stage
+script's own peak, which exec hands down). CPU s is the user + sys time of every process of
+the tree as last sampled from /proc (``wait4``'s figure, in ``cpu_seconds``, leaves out the
+PySpark workers, which the launcher never reaps; a process's last ~0.2 s can be missed); it is
+less sensitive than wall time to a busy machine. Ours also reports RUN_DIR/stats.json (stage
 seconds, engine, rounds, merges per round, driver peak RSS). ``--with-count-stage`` adds a
 vocab-257 run of each reference (its pre-tokenize + count stage). A failing run is recorded
 with its exit code and the end of its stderr. Results are rewritten to the JSON file after
@@ -89,8 +91,17 @@ def _role(pid: int) -> str:
     return "launcher"
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of one process so far, in clock ticks (0 when it is gone)."""
+    stat = _read(f"/proc/{pid}/stat")
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
+
+
 class TreeSampler(threading.Thread):
-    """Peak VmRSS of a process tree: of the sum, and of each process (grouped by role)."""
+    """Peak VmRSS of a process tree: of the sum, and of each process (grouped by role); and
+    the CPU time of every process in it, as last sampled (the Python workers of a Spark job are
+    not the launcher's waited-for children, so ``wait4``'s figure leaves them out)."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
         super().__init__(daemon=True)
@@ -99,6 +110,7 @@ class TreeSampler(threading.Thread):
         self.peak_total = 0
         self.samples = 0
         self.peak: dict[int, int] = {}
+        self.cpu_ticks: dict[int, int] = {}
         self.role: dict[int, str] = {}
         self.peak_role_sum: dict[str, int] = {}
 
@@ -119,6 +131,7 @@ class TreeSampler(threading.Thread):
                     rss = int(line.split()[1])
             if not rss:
                 continue
+            self.cpu_ticks[pid] = max(self.cpu_ticks.get(pid, 0), _cpu_ticks(pid))
             role = self.role[pid] = _role(pid)  # the latest: bash exec's java
             self.peak[pid] = max(self.peak.get(pid, 0), rss)
             sums[role] = sums.get(role, 0) + rss
@@ -138,7 +151,9 @@ class TreeSampler(threading.Thread):
             r["per_process_mb"].sort(reverse=True)
             r["peak_process_mb"] = r["per_process_mb"][0]
             r["peak_sum_mb"] = round(self.peak_role_sum.get(name, 0) / 1024, 1)
+        tick = os.sysconf("SC_CLK_TCK")
         return {"peak_tree_mb": round(self.peak_total / 1024, 1), "samples": self.samples,
+                "cpu_tree_seconds": round(sum(self.cpu_ticks.values()) / tick, 1),
                 "roles": roles}
 
 
@@ -257,8 +272,9 @@ def table(results: dict) -> str:
             count = [r for r in results["runs"] if r["corpus"] == c["path"]
                      and r["tool"] == tool and r["vocab"] == 257]
             count_s = _med(count, "train_seconds")
-            if tool == "ours" and last.get("stage_seconds"):
-                count_s = last["stage_seconds"].get("count_words")
+            if tool == "ours":
+                count_s = _med([{**r, "count": (r.get("stage_seconds") or {}).get("count_words")}
+                                for r in ok], "count")
             roles = "; ".join(f"{k} {v['peak_process_mb']:.{0 if v['peak_process_mb'] > 9 else 1}f}"
                               + (f" (x{v['processes']}, sum {v['peak_sum_mb']:.0f})"
                                  if v["processes"] > 1 else "")
@@ -267,14 +283,16 @@ def table(results: dict) -> str:
                      for r in runs if r["exit_code"] != 0]
             if tool == "ours" and last.get("stage_seconds"):
                 st = last["stage_seconds"]
-                notes.append("stages " + ", ".join(f"{k} {v:.1f}" for k, v in st.items()
+                notes.append("last run's stages " + ", ".join(f"{k} {v:.1f}" for k, v in st.items()
                                                    if isinstance(v, (int, float))))
                 notes.append(f"engine {last.get('engine')}, {last.get('spark_rounds')} rounds, "
                              f"driver_peak_rss_mb {last.get('driver_peak_rss_mb')}")
+            # the CPU of every process in the tree where sampled, else the launcher's wait4
+            cpu = "cpu_tree_seconds" if all("cpu_tree_seconds" in r for r in ok) else "cpu_seconds"
             if len(ok) > 1:
                 notes.append("runs " + ", ".join(f"{r['wall_seconds']:.0f}" for r in ok))
             out.append(f"| {Path(c['path']).name} | {c['mb']:,.0f} | {tool} | "
-                       f"{_f(_med(runs, 'wall_seconds'))} | {_f(_med(runs, 'cpu_seconds'))} | "
+                       f"{_f(_med(runs, 'wall_seconds'))} | {_f(_med(runs, cpu))} | "
                        f"{_f(_med(runs, 'train_seconds'))} | "
                        f"{_f(count_s)} | {_f(_med(runs, 'peak_tree_mb'), '{:,.0f} MB')} | "
                        f"{roles} | {_f(_med(runs, 'ru_maxrss_mb'), '{:,.0f} MB')} | "
