@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -149,11 +150,13 @@ def test_split_of_pathological_rows_is_fast():
     rows = pathological_rows()
     for name, pattern in PATTERNS.items():
         full = regex.compile(pattern)
-        fast = re.compile(fast_pattern(name)).findall
+        fast = re.compile(fast_pattern(name)).findall if sys.version_info >= (3, 11) else None
         pre = Pretokenizer(PretokenizerSpec(name))
         for case, text in rows.items():
             for how, findall in (("regex", full.findall), ("re", fast),
                                  ("pretokenizer", pre.words)):
+                if findall is None:  # possessive quantifiers in ``re`` from Python 3.11
+                    continue
                 words, sec = timed(lambda f=findall, t=text: f(t))
                 assert sec < 8, f"{name} {how} split of {case}: {sec:.1f} s"
                 assert "".join(words) == text
