@@ -1,6 +1,7 @@
 """spark-submit jobs/count_words.py --input PATH --output WORDS_DIR [--pattern P] [--text-column C]
 
-Scans a Parquet corpus and writes the reusable word table (word, count, first_seen).
+Scans a corpus (Parquet, or --input-format json|text|orc|csv|delta, or --input-table) and writes
+the reusable word table (word, count, first_seen).
 """
 
 import os

@@ -178,7 +178,7 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"spark-bpe {__version__}")
     p.add_argument("--config", action="append", default=[], metavar="FILE",
                    help="TOML config file(s), applied in order after conf/default.toml")
-    defaults = Config()
+    defaults = job_defaults(job)
     for f in fields(Config):
         if job not in f.metadata["jobs"]:
             continue
@@ -266,14 +266,23 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
-def resolve(argv: list[str] | None = None, description: str = "", job: str = TRAIN) -> Config:
-    """Config defaults <- conf/default.toml (the sample run's corpus, output and vocabulary)
-    <- each --config <- the job's command-line flags. A run that names its own input (or word
-    table) must name its own output: the default one is the sample run's."""
-    args = build_parser(description, job).parse_args(argv)
+def job_defaults(job: str) -> Config:
+    """The built-in defaults, and for ``train`` also conf/default.toml (the sample run's corpus,
+    output and vocabulary: the quick start's bare ``spark-submit jobs/train.py``). The other
+    jobs get no default input or output: a bare ``count_words`` must not write its table over
+    the sample run."""
     cfg = Config()
-    if DEFAULT_CONFIG.exists():
+    if job == TRAIN and DEFAULT_CONFIG.exists():
         _apply(load_toml(DEFAULT_CONFIG), cfg, str(DEFAULT_CONFIG))
+    return cfg
+
+
+def resolve(argv: list[str] | None = None, description: str = "", job: str = TRAIN) -> Config:
+    """Config defaults (:func:`job_defaults`) <- each --config <- the job's command-line flags.
+    A training run that names its own input (or word table) must name its own output: the
+    default one is the sample run's."""
+    args = build_parser(description, job).parse_args(argv)
+    cfg = job_defaults(job)
     explicit: set[str] = set()
     for path in args.config:
         values = load_toml(path)

@@ -81,6 +81,22 @@ def test_a_run_with_its_own_input_needs_its_own_output():
     assert cfg().output == "out/sample-run"  # the quick start itself
 
 
+def test_only_training_defaults_to_the_sample_run():
+    """A bare count_words or encode has no input or output (it must not write a word table or
+    an encoded corpus over the sample run); ``--help`` shows the defaults each job really uses."""
+    from pipeline.config import build_parser
+
+    for job in ("count", "encode"):
+        c = resolve([], job=job)
+        assert c.input == "" and c.output == ""
+        with pytest.raises(ConfigError, match="config key 'output'"):
+            validate(c, job)
+    train = " ".join(build_parser("train", "train").format_help().split())
+    count = " ".join(build_parser("count", "count").format_help().split())
+    assert "(default: 4096)" in train and "(default: 'data/sample')" in train
+    assert "(default: 'data/sample')" not in count
+
+
 def test_each_job_takes_its_own_flags_and_shows_defaults(capsys):
     from pipeline.config import build_parser
 

@@ -41,7 +41,7 @@ from pipeline.engines.local import (
     FlatMergeState,
     group_sum,
 )
-from pipeline.order import NO_POSITION, pack_pairs
+from pipeline.order import NO_POSITION, pack_pairs, unpack_pair
 
 Batch = Sequence[tuple[int, int, int]]  # (left, right, new id), in order
 History = Callable[[], np.ndarray]  # all merges so far as an (n, 2) array of (left, right)
@@ -106,7 +106,7 @@ def _empty_with(removed: np.ndarray, tokens: int) -> PairDeltas:
 
 def min_positions(st: FlatMergeState, keys: np.ndarray, part: int, offset: int) -> PairDeltas:
     """Exact smallest positions of the pairs ``keys`` (sorted) that occur here."""
-    ids = np.array([-1 if (i := st.find_pair(int(k) >> 32, int(k) & 0xFFFFFFFF)) is None else i
+    ids = np.array([-1 if (i := st.find_pair(*unpack_pair(k))) is None else i
                     for k in keys.tolist()], dtype=np.int64)
     found = ids >= 0
     pos = np.full(len(keys), NO_POSITION, dtype=np.int64)

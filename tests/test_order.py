@@ -1,0 +1,69 @@
+"""The merge order (pipeline.order), stated on tiny examples: the highest count wins; a tie goes
+to the pair seen first in corpus order, not to the smaller pair. Every engine and the oracle
+follow it; the pair-key packing sorts like the pairs it packs."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+from pipeline.bpe import initial_words, train_oracle
+from pipeline.engines.local import LocalTrainer
+from pipeline.engines.rounds import InProcessPartitions, run_rounds
+from pipeline.order import (
+    NO_POSITION,
+    heap_entry,
+    pack_pair,
+    pack_pairs,
+    priority,
+    unpack_pair,
+)
+
+
+def test_the_rule():
+    assert priority(3, 10) < priority(2, 0)  # a higher count wins wherever it was first seen
+    assert priority(2, 4) < priority(2, 5)  # equal counts: the earlier first occurrence wins
+    assert priority(1, 10**12) < priority(1, NO_POSITION)
+    heap = [heap_entry(2, 5, 7), heap_entry(1, 0, 8), heap_entry(2, 4, 9)]
+    heapq.heapify(heap)
+    assert heapq.heappop(heap)[2] == 9
+
+
+def _first_merge(words: list[bytes], counts: list[int], engine: str) -> tuple[bytes, bytes]:
+    ids, base = initial_words(words)
+    if engine == "oracle":
+        merges = train_oracle(ids, counts, base.tokens, 1)
+    elif engine == "local":
+        merges = LocalTrainer.from_words(ids, counts, base.tokens).train(1, 2, None)
+    else:  # the round engine, one word per partition
+        parts = InProcessPartitions([(np.array(w), np.array([len(w)]), np.array([c]))
+                                     for w, c in zip(ids, counts)], 256)
+        merges = run_rounds(parts, [1] * 256, 1, 2, None, 4).merges
+    m = merges[0]
+    return bytes([m.left]), bytes([m.right])
+
+
+@pytest.mark.parametrize("engine", ["oracle", "local", "rounds"])
+def test_every_engine_breaks_a_tie_by_first_occurrence(engine):
+    # "cd" and "ab" both occur twice: the pair seen first wins, whichever sorts first
+    assert _first_merge([b"cd", b"ab"], [2, 2], engine) == (b"c", b"d")
+    assert _first_merge([b"ab", b"cd"], [2, 2], engine) == (b"a", b"b")
+    # inside one word: "zy" comes before "xw" in "zyxw"
+    assert _first_merge([b"zyxw"], [2], engine) == (b"z", b"y")
+    # a count beats an earlier first occurrence
+    assert _first_merge([b"cd", b"ab"], [2, 3], engine) == (b"a", b"b")
+
+
+def test_pair_keys_sort_like_pairs():
+    # token ids stay below 2**31 (the left one is shifted into an int64)
+    pairs = [(0, 1), (0, 0xFFFFFFFF), (1, 0), (5, 3), (70000, 2), (2**31 - 1, 2**32 - 1)]
+    keys = [pack_pair(a, b) for a, b in pairs]
+    assert [unpack_pair(k) for k in keys] == pairs
+    assert sorted(keys) == [pack_pair(a, b) for a, b in sorted(pairs)]
+    left, right = np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
+    packed = pack_pairs(left, right)
+    assert packed.tolist() == keys
+    back_left, back_right = unpack_pair(packed)
+    assert back_left.tolist() == left.tolist() and back_right.tolist() == right.tolist()
