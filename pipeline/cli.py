@@ -206,6 +206,8 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
               f"{driver_memory_advice()}", file=sys.stderr)
         return EXIT_FAILED
     except OSError as exc:
+        if _terminating.is_set():  # e.g. the JVM, killed with us, refused the connection
+            return _terminated_under(job, exc)
         if exc.errno not in WRITE_ERRNOS:
             return _failed(job, exc)
         faults.lift()
@@ -218,9 +220,14 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         return EXIT_FAILED
     except Exception as exc:
         if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM
-            log.info("%s: %s while terminating", job, type(exc).__name__)
-            return _terminated(job)
+            return _terminated_under(job, exc)
         return _failed(job, exc)
+
+
+def _terminated_under(job: str, exc: BaseException) -> int:
+    """An error raised while a SIGTERM was being handled is its consequence, not a failure."""
+    log.info("%s: %s while terminating", job, type(exc).__name__)
+    return _terminated(job)
 
 
 def _terminated(job: str) -> int:

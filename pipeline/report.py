@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge
-from pipeline.encoder import Tokenizer, merge_heap
+from pipeline.encoder import PairTable, Tokenizer, bpe_encode
 from pipeline.outputs import TrainedTokenizer, export_notes
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row, word_bytes
 
@@ -110,31 +110,41 @@ def measure_sample(tok: TrainedTokenizer, texts: Sequence[str | bytes], label: s
 def merge_ranks_applied(flat: np.ndarray, lengths: np.ndarray, weights: np.ndarray,
                         merges: Sequence[Merge]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Encode each distinct word by always merging its lowest-ranked pair (leftmost on a tie),
-    as tiktoken does, in O(n log n) per word (``encoder.merge_heap``). Returns the tokens each
-    merge removes from the weighted words (the same numbers a replay of the merge list in
-    order gives: a merge only creates pairs of higher rank, so the ranks applied to a word
-    never decrease, and the first k merges do exactly the steps of rank below k), and the
-    final tokens with the number per word."""
-    rank_of = {(m.left, m.right): (k, m.new_id) for k, m in enumerate(merges)}
-    removed = np.zeros(len(merges), dtype=np.int64)
-    ranks: list[int] = []
-    counts: list[int] = []
+    as tiktoken does (``encoder.bpe_encode``: O(n log n) per word, numpy for very long ones).
+    Returns the tokens each merge removes from the weighted words, the final tokens and their
+    number per word.
+
+    The removals are read off the final tokens: a token made by merge k is one application of
+    merge k, and it stands for one token ``left`` and one token ``right`` made (or held) before
+    it; so, going from the last merge down, merge k was applied as often as its token was
+    (weighted by word count), and each application adds one ``left`` and one ``right``. These
+    are the numbers a replay of the merge list in order gives (tested against one)."""
+    pair_ranks = {(m.left, m.right): (k, m.new_id) for k, m in enumerate(merges)}
+    table = PairTable(pair_ranks)  # built only if a word is long enough to need it
     final: list[int] = []
     per_word: list[int] = []
     ends = np.cumsum(lengths).tolist()
     symbols = flat.tolist()
     start = 0
-    for end, c in zip(ends, weights.tolist()):
-        before = len(ranks)
-        toks = merge_heap(symbols[start:end], rank_of, ranks) if end - start > 1 \
-            else symbols[start:end]
+    for end in ends:
+        toks = bpe_encode(symbols[start:end], pair_ranks, table)
         start = end
-        counts += [c] * (len(ranks) - before)
         final += toks
         per_word.append(len(toks))
-    np.add.at(removed, np.asarray(ranks, dtype=np.int64), np.asarray(counts, dtype=np.int64))
-    return (removed, np.asarray(final, dtype=np.int64),
-            np.asarray(per_word, dtype=np.int64))
+    final_ids = np.asarray(final, dtype=np.int64)
+    per_word_arr = np.asarray(per_word, dtype=np.int64)
+    top = max([m.new_id for m in merges], default=0) + 1
+    known = final_ids < top  # ids past the last merge (unknown characters) are never merged
+    made = np.bincount(final_ids[known], weights=np.repeat(weights, per_word_arr)[known],
+                       minlength=top).astype(np.int64).tolist()
+    removed = np.zeros(len(merges), dtype=np.int64)
+    for k in range(len(merges) - 1, -1, -1):
+        m = merges[k]
+        n = made[m.new_id]
+        removed[k] = n
+        made[m.left] += n
+        made[m.right] += n
+    return removed, final_ids, per_word_arr
 
 
 def _symbols(base: BaseVocab, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -503,7 +513,8 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
     # spread over the input (in path order)
     from pipeline.count.word_count import list_local_corpus
 
-    files = list_local_corpus(path, cfg.text_column) or sorted(
+    skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
+    files = list_local_corpus(path, cfg.text_column, skipped=skipped) or sorted(
         spark.read.parquet(path).inputFiles())
     picked = files[:: max(1, len(files) // SAMPLE_FILES)][:SAMPLE_FILES]
     n = cfg.report_sample_rows
@@ -511,11 +522,20 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
     rows: list = []
     for f in picked:
         want = min(per_file, n - len(rows))
-        if fsutil.is_local(f):  # a local file: read its first rows directly, no Spark job
-            rows += _first_rows(fsutil.local_path(f), cfg.text_column, want)
-        else:
-            df = spark.read.parquet(f).select(F.col(cfg.text_column))
-            rows += [r[0] for r in df.limit(want).collect()]
+        try:
+            if fsutil.is_local(f):  # a local file: read its first rows directly, no Spark job
+                rows += _first_rows(fsutil.local_path(f), cfg.text_column, want)
+            else:
+                df = spark.read.parquet(f).select(F.col(cfg.text_column))
+                rows += [r[0] for r in df.limit(want).collect()]
+        except Exception as exc:
+            if not cfg.ignore_corrupt_files:
+                raise
+            # as the count did with this setting: the file is left out, the sample goes on
+            log.warning("report: left out the unreadable file %s (%s)", f,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else
+                        type(exc).__name__)
+            continue
         if len(rows) >= n:
             break
     if cfg.report_sample:

@@ -410,9 +410,10 @@ def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path
 def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corpus, tmp_path,
                                                                      procs, launcher):
     """A scheduler cancelling the job sends SIGTERM to what it started: spark-submit (the
-    JVM, which runs the Python driver as its child) or a plain ``python jobs/train.py``.
-    Either way: exit 143, the last line says so, no process of the job is left behind, the
-    lease is released, the checkpoint is valid and the same command resumes from it."""
+    JVM, which runs the Python driver as its child), or the whole process group of a plain
+    ``python jobs/train.py`` (the Python driver and its JVM at once). Either way: exit 143,
+    the last line says so, no process of the job is left behind, the lease is released, the
+    checkpoint is valid and the same command resumes from it."""
     ref, run, args = first_run(spark, corpus, tmp_path, 100)
 
     def start(name: str, vocab: int, **env: str) -> ProcGroup:
@@ -427,7 +428,10 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
 
     p = start("terminated", VOCAB, SPARK_BPE_INJECT="merges=pause:60")
     p.wait_until(lambda: "merges: started" in p.log(), 120, "the merge stage")
-    os.kill(p.proc.pid, signal.SIGTERM)  # the launcher only, as a scheduler does
+    if launcher == "spark-submit":
+        os.kill(p.proc.pid, signal.SIGTERM)  # the launcher only, as a scheduler does
+    else:  # the whole process group (python, its JVM), as `timeout` or Airflow do
+        os.killpg(p.pgid, signal.SIGTERM)
     assert p.wait(60) == 143, p.tail()
     # under spark-submit the driver's two streams arrive merged on stdout; else on stderr
     last = p.last_line() if launcher == "spark-submit" else p.err().strip().splitlines()[-1]

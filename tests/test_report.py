@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from pipeline.bpe import bytes_vocab
 from pipeline.config import Config
-from pipeline.encoder import Tokenizer
+from pipeline.encoder import LONG_WORD, SHORT_WORD, Tokenizer
 from pipeline.engines.local import LocalTrainer
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
 from pipeline.report import (
@@ -73,6 +73,28 @@ def test_lowest_rank_encoding_removes_what_a_replay_removes(train_words, sample_
     weights = np.array([1 + i % 4 for i in range(len(sample_words))], dtype=np.int64)
     lengths = np.array([len(w) for w in sample_words], dtype=np.int64)
     flat = np.array([b for w in sample_words for b in w], dtype=np.int64)
+    removed, final, per_word = merge_ranks_applied(flat, lengths, weights, learner.merges)
+    replay = LocalTrainer(flat, lengths, weights, base.tokens)
+    replay.replay(learner.merges)
+    assert removed.tolist() == replay.removed
+    tokens, per_word_replayed, _ = replay.state.words(min_tokens=1)
+    assert final.tolist() == tokens.tolist()
+    assert per_word.tolist() == per_word_replayed.tolist()
+
+
+@pytest.mark.parametrize("length", [SHORT_WORD + 7, LONG_WORD + 3, 3 * LONG_WORD])
+def test_long_words_remove_what_a_replay_removes(length):
+    """Words long enough for the heap and the numpy paths of ``bpe_encode`` (a pathological
+    row kept with ``max_word_bytes = 0``): the same numbers as a replay."""
+    rng = np.random.default_rng(length)
+    base = bytes_vocab()
+    train_words = [bytes(rng.choice(list(b"aab "), size=40)) for _ in range(30)]
+    learner = LocalTrainer.from_words([list(w) for w in train_words], [2] * 30, base.tokens)
+    learner.train(60, 1)
+    sample = [b"a" * length, bytes(rng.choice(list(b"ab "), size=length)), b"ab"]
+    weights = np.array([3, 1, 2], dtype=np.int64)
+    lengths = np.array([len(w) for w in sample], dtype=np.int64)
+    flat = np.array([b for w in sample for b in w], dtype=np.int64)
     removed, final, per_word = merge_ranks_applied(flat, lengths, weights, learner.merges)
     replay = LocalTrainer(flat, lengths, weights, base.tokens)
     replay.replay(learner.merges)
