@@ -241,3 +241,27 @@ def test_a_table_that_cut_special_tokens_after_normalization_is_recounted(spark,
         recounted = "cut special tokens after normalization" in caplog.text
         assert recounted == lowercase, caplog.text
         assert ("reusing the word table" in caplog.text) == (not lowercase)
+
+
+def test_a_recount_first_marks_the_run_incomplete(spark, tmp_path, monkeypatch):
+    """A rerun over a grown input recounts into RUN/words; killed during that recount, it must
+    not leave the earlier run.json (which says "complete") beside the new, partial state."""
+    import pipeline.train as train_module
+
+    src = tmp_path / "lake"
+    src.mkdir()
+    pq.write_table(pa.table({"text": ["ab ab cd cd ab"] * 3}), src / "a.parquet")
+    run = tmp_path / "run"
+    cfg = Config(input=str(src), output=str(run), num_merges=3, min_pair_count=1,
+                 progress_bar=False)
+    train(spark, cfg)
+    assert (run / "run.json").exists()
+    pq.write_table(pa.table({"text": ["ef ef gh"] * 3}), src / "b.parquet")
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as a kill during the count would end it
+
+    monkeypatch.setattr(train_module, "count_words", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(spark, cfg)
+    assert not (run / "run.json").exists()
