@@ -52,7 +52,7 @@ from pyspark.sql import types as T
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
-from pipeline.count.word_count import read_corpus
+from pipeline.count.word_count import read_corpus, unreadable_file_error
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
@@ -456,7 +456,14 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
     tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
     log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
-    stats = _encode_into(spark, cfg, plan, src, keys, tmp)
+    try:
+        stats = _encode_into(spark, cfg, plan, src, keys, tmp)
+    except Exception as exc:
+        unreadable = unreadable_file_error(exc, can_skip=False)
+        if unreadable is None:
+            raise
+        fsutil.delete(spark, tmp)  # nothing half-written
+        raise unreadable from None
     stats["seconds_total"] = round(time.time() - t0, 3)
     stats["engine"] = plan.engine
     summary = {"format": "spark-bpe encoded corpus", "version": 1, "input": cfg.input,

@@ -210,11 +210,21 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
         (dict(input=str(held_out), tokenizer=str(run_dir), output=out, special_in_text="drop"),
          "'special_in_text' must be one of"),
     ]
+    bad = tmp_path / "truncated"  # a cut-off shard next to a good one: named, nothing written
+    bad.mkdir()
+    pq.write_table(pa.table({"text": ["good row"] * 20}), bad / "part-0.parquet")
+    pq.write_table(pa.table({"text": ["lost row"] * 2000}), bad / "part-1.parquet")
+    whole = (bad / "part-1.parquet").read_bytes()
+    (bad / "part-1.parquet").write_bytes(whole[: len(whole) // 2])
+    cases.append((dict(input=str(bad), tokenizer=str(run_dir), output=out),
+                  r"part-1\.parquet is not a readable Parquet file .*fix or remove it, then "
+                  r"rerun$"))
     for kwargs, expected in cases:
         with pytest.raises(ConfigError, match=expected) as err:
             encode_corpus(spark, Config(**kwargs))
         assert "\n" not in str(err.value)
     assert not Path(out).exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")]  # no staging left
 
 
 def run_encode_job(*args: str) -> subprocess.CompletedProcess:

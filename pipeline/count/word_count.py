@@ -103,10 +103,13 @@ _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
                pa.types.is_large_binary)
 
 
-def corrupt_file_error(path: str, reason: str) -> ConfigError:
-    return ConfigError(
-        f"config key 'input': {path} is not a readable Parquet file ({reason}); fix or remove "
-        "it, or pass --ignore-corrupt-files to skip unreadable files")
+def corrupt_file_error(path: str, reason: str, can_skip: bool = True) -> ConfigError:
+    """``can_skip``: the job takes --ignore-corrupt-files (the count does, encode does not:
+    every row of its input gets its ids)."""
+    what = ("or pass --ignore-corrupt-files to skip unreadable files" if can_skip
+            else "then rerun")
+    return ConfigError(f"config key 'input': {path} is not a readable Parquet file ({reason}); "
+                       f"fix or remove it, {what}")
 
 
 def list_local_corpus(path: str, text_column: str,
@@ -781,7 +784,7 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
             raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
     except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
-        named = _unreadable_file_error(exc)
+        named = unreadable_file_error(exc)
         if named is not None:
             raise named from None
         raise ConfigError(f"{what}: cannot read {name}: {_first_line(exc)}") from None
@@ -1053,7 +1056,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
         return _count_and_write(spark, cfg, spec, t0, corpus, plan, fingerprint,
                                 skipped or [], counts)
     except Exception as exc:
-        named = _unreadable_file_error(exc)
+        named = unreadable_file_error(exc)
         if named is None:
             raise
         raise named from None
@@ -1062,18 +1065,19 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
             warming.join()
 
 
-def _unreadable_file_error(exc: BaseException) -> ConfigError | None:
-    """A count that failed on a corrupt input file, as one line naming the file (exit 2)."""
+def unreadable_file_error(exc: BaseException, can_skip: bool = True) -> ConfigError | None:
+    """A read (count, encode) that failed on a corrupt input file, as one line naming the
+    file (exit 2); None for any other failure."""
     text = str(exc)
     m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
     if m:
-        return corrupt_file_error(m.group(1), m.group(2).strip())
+        return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip)
     m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
     if m:
         cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
                  or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
         why = cause.group(1) if cause else m.group(1).replace("_", " ").lower()
-        return corrupt_file_error(m.group(2), why.strip())
+        return corrupt_file_error(m.group(2), why.strip(), can_skip)
     return None
 
 
