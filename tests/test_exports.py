@@ -302,7 +302,7 @@ def test_gpt2_files_agree_with_tokenizer_json(small_run: Loaded):
     assert tok.encode(text).ids == small_run.ours.encode(text)
 
 
-def test_transformers_loads_tokenizer_json(small_run: Loaded):
+def test_transformers_loads_tokenizer_json_and_the_run_directory(small_run: Loaded):
     transformers = need_module("transformers")
     fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(small_run.dir /
                                                                    "tokenizer.json"))
@@ -310,6 +310,9 @@ def test_transformers_loads_tokenizer_json(small_run: Loaded):
     assert fast.encode(text, add_special_tokens=False) == small_run.ours.encode(
         text, allowed_special="all")
     assert fast.decode(fast.encode(text)) == text
+    auto = transformers.AutoTokenizer.from_pretrained(str(small_run.dir))  # the run directory
+    assert auto.encode(text, add_special_tokens=False) == small_run.ours.encode(
+        text, allowed_special="all")
 
 
 # -- tokens made twice, chars alphabet, normalization -------------------------------------------
