@@ -57,6 +57,20 @@ def trained(tmp_path_factory):
     return tok, texts, held, total, d
 
 
+def assert_as_replayed(sample, weights: np.ndarray, merges) -> None:
+    """merge_ranks_applied on these weighted words gives what replaying ``merges`` in order
+    on them gives (the local engine's replay): removals per merge, final tokens per word."""
+    lengths = np.array([len(w) for w in sample], dtype=np.int64)
+    flat = np.array([b for w in sample for b in w], dtype=np.int64)
+    removed, final, per_word = merge_ranks_applied(flat, lengths, weights, merges)
+    replay = LocalTrainer(flat, lengths, weights, bytes_vocab().tokens)
+    replay.replay(merges)
+    assert removed.tolist() == replay.removed
+    tokens, per_word_replayed, _ = replay.state.words(min_tokens=1)
+    assert final.tolist() == tokens.tolist()
+    assert per_word.tolist() == per_word_replayed.tolist()
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.sampled_from(b"abc"), min_size=1, max_size=12), min_size=1,
                 max_size=25),
@@ -71,15 +85,7 @@ def test_lowest_rank_encoding_removes_what_a_replay_removes(train_words, sample_
                                       base.tokens)
     learner.train(n, 1)
     weights = np.array([1 + i % 4 for i in range(len(sample_words))], dtype=np.int64)
-    lengths = np.array([len(w) for w in sample_words], dtype=np.int64)
-    flat = np.array([b for w in sample_words for b in w], dtype=np.int64)
-    removed, final, per_word = merge_ranks_applied(flat, lengths, weights, learner.merges)
-    replay = LocalTrainer(flat, lengths, weights, base.tokens)
-    replay.replay(learner.merges)
-    assert removed.tolist() == replay.removed
-    tokens, per_word_replayed, _ = replay.state.words(min_tokens=1)
-    assert final.tolist() == tokens.tolist()
-    assert per_word.tolist() == per_word_replayed.tolist()
+    assert_as_replayed(sample_words, weights, learner.merges)
 
 
 @pytest.mark.parametrize("length", [SHORT_WORD + 7, LONG_WORD + 3, 3 * LONG_WORD])
@@ -93,15 +99,7 @@ def test_long_words_remove_what_a_replay_removes(length):
     learner.train(60, 1)
     sample = [b"a" * length, bytes(rng.choice(list(b"ab "), size=length)), b"ab"]
     weights = np.array([3, 1, 2], dtype=np.int64)
-    lengths = np.array([len(w) for w in sample], dtype=np.int64)
-    flat = np.array([b for w in sample for b in w], dtype=np.int64)
-    removed, final, per_word = merge_ranks_applied(flat, lengths, weights, learner.merges)
-    replay = LocalTrainer(flat, lengths, weights, base.tokens)
-    replay.replay(learner.merges)
-    assert removed.tolist() == replay.removed
-    tokens, per_word_replayed, _ = replay.state.words(min_tokens=1)
-    assert final.tolist() == tokens.tolist()
-    assert per_word.tolist() == per_word_replayed.tolist()
+    assert_as_replayed(sample, weights, learner.merges)
 
 
 def test_numbers_match_the_reference_encoder(trained):
