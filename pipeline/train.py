@@ -89,7 +89,6 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
         return WordTableChoice(open_word_table(spark, cfg.words), 0.0, False)
     if cfg.words:  # made elsewhere: imported into the run directory, taken as given
         own = fsutil.join(cfg.output, "words")
-        _invalidate_run(spark, cfg.output)  # its words are about to change
         import_word_table(spark, cfg, cfg.words, own)
         return WordTableChoice(open_word_table(spark, own), 0.0, False)
     own = fsutil.join(cfg.output, "words")
@@ -117,8 +116,8 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
             changed = True
             log.info("recounting: %s", describe_input_change(then, now))
     sub = Config(**{**cfg.__dict__, "output": own})
-    # a killed recount must not leave an earlier run.json beside a new word table
-    _invalidate_run(spark, cfg.output)
+    if changed:  # a killed recount must not leave the earlier run.json beside a new table
+        _invalidate_run(spark, cfg.output)
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
     wt = count_words(spark, sub, progress, frame)
