@@ -5,6 +5,7 @@ engine is tested against (docs/DESIGN.md section 2).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,27 @@ class BaseVocab:
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+    @functools.cached_property
+    def char_ids(self) -> dict[str, int]:
+        """``chars``: each character's symbol id (the end-of-word suffix, if any, is the last
+        symbol and not in this map)."""
+        n = self.size - (1 if self.end_of_word_suffix else 0)
+        return {self.tokens[i].decode("utf-8", "surrogateescape"): i for i in range(n)}
+
+    def symbols(self, word: str, unknown: int | None = None) -> Sequence[int]:
+        """A word's initial symbols: its UTF-8 bytes (``bytes``; lone surrogates from invalid
+        UTF-8 turned back into their bytes), or one id per character then the suffix
+        (``chars``). A character not in the vocabulary raises KeyError, or becomes
+        ``unknown`` when that is given."""
+        if self.alphabet == "bytes":
+            return word.encode("utf-8", "surrogateescape")  # a sequence of ints
+        ids = self.char_ids
+        syms = [ids[ch] for ch in word] if unknown is None else [ids.get(ch, unknown)
+                                                                 for ch in word]
+        if self.end_of_word_suffix:
+            syms.append(self.size - 1)
+        return syms
 
 
 def bytes_vocab() -> BaseVocab:
@@ -162,7 +184,12 @@ def encode_symbols(symbols: Sequence[int], ranks: dict[tuple[int, int], int]) ->
 
 
 def vocab_bytes(base: BaseVocab, merges: Sequence[Merge]) -> list[bytes]:
-    vocab = list(base.tokens)
+    """Every token's bytes: the base tokens, then one per merge."""
+    return extend_vocab(list(base.tokens), merges)
+
+
+def extend_vocab(vocab: list[bytes], merges: Sequence[Merge]) -> list[bytes]:
+    """Append the tokens of ``merges`` (whose ids continue ``vocab``) to ``vocab``."""
     for m in merges:
         if m.new_id != len(vocab):
             raise ValueError(f"merge ids are not consecutive at {m}")

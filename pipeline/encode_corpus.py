@@ -52,7 +52,7 @@ from pyspark.sql import types as T
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
-from pipeline.count.word_count import read_corpus, unreadable_file_error
+from pipeline.count.corpus import read_corpus, unreadable_file_error
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row

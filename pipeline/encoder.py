@@ -35,8 +35,9 @@ import regex
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
+from pipeline.order import pack_pairs
 from pipeline.outputs import IncompleteRun, canonical_ids, check_run
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, word_bytes
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec
 
 CACHE_WORDS = 200_000
 CACHE_WORD_CHARS = 256  # longer words are not cached: they rarely repeat and would pin memory
@@ -161,7 +162,7 @@ class PairTable:
         items = [(a, b, r, c) for (a, b), (r, c) in self._pair_ranks.items()]
         arr = np.array(items, dtype=np.int64).reshape(-1, 4)
         a, b, r, c = arr.T
-        keys = (a << 31) | b  # ids are below 2**31
+        keys = pack_pairs(a, b)
         order = np.argsort(keys)
         self._keys = keys[order]
         self._key_rank = r[order].astype(np.int32)
@@ -201,7 +202,7 @@ class PairTable:
             return self._dense[left * d + right]
         if not len(self._keys):
             return np.full(len(left), -1, np.int32)
-        q = (left.astype(np.int64) << 31) | right
+        q = pack_pairs(left, right)
         idx = np.searchsorted(self._keys, q)
         np.minimum(idx, len(self._keys) - 1, out=idx)
         return np.where(self._keys[idx] == q, self._key_rank[idx], np.int32(-1))
@@ -314,10 +315,6 @@ class Tokenizer:
         self._pre = Pretokenizer(self.spec)
         self._cache: dict[str, list[int]] = {}
         self._special_res: dict[frozenset[str], regex.Pattern[str]] = {}
-        if base.alphabet == "chars":
-            n_chars = base.size - (1 if base.end_of_word_suffix else 0)
-            self._char_ids = {base.tokens[i].decode("utf-8", "surrogateescape"): i
-                              for i in range(n_chars)}
 
     @property
     def n_vocab(self) -> int:
@@ -356,16 +353,11 @@ class Tokenizer:
 
     # -- encoding --------------------------------------------------------------------------------
     def _symbols(self, word: str) -> Sequence[int]:
-        if self.base.alphabet == "bytes":
-            return word_bytes(word)  # bytes: a sequence of ints that numpy takes without a copy
         try:
-            syms = [self._char_ids[ch] for ch in word]
+            return self.base.symbols(word)  # bytes: ints that numpy takes without a copy
         except KeyError as exc:
             raise EncodeError(f"character {exc.args[0]!r} is not in this chars-alphabet "
                               "vocabulary") from None
-        if self.base.end_of_word_suffix:
-            syms.append(self.base.size - 1)
-        return syms
 
     def encode_word(self, word: str) -> list[int]:
         """One pretokenized word (no splitting, no normalization), in O(n log n) whatever its

@@ -214,67 +214,93 @@ def onig_pattern(src: str) -> str:
     inline ``(?s)``...) is copied as is; such custom patterns need checking with ``tokenizers``.
     Character classes are copied unchanged, so ``^``/``$`` inside them keep their meaning.
     """
-    out: list[str] = []
-    atom: int | None = None  # index in ``out`` where the last complete atom starts
-    groups: list[int] = []
-    i, n = 0, len(src)
-    while i < n:
-        c = src[i]
-        if c == "\\":
-            j = _escape_end(src, i)
-            atom = len(out)
-            out.append(r"\z" if src[i:j] == r"\Z" else src[i:j])
-            i = j
-        elif c == "[":
-            j = _class_end(src, i)
-            atom = len(out)
-            out.append(src[i:j])
-            i = j
-        elif c == "(":
-            groups.append(len(out))
-            if src.startswith("(?P<", i):
-                out.append("(?<")
-                i += 4
-            elif src.startswith("(?P=", i):
-                close = src.find(")", i)
-                close = n if close < 0 else close
-                groups.pop()
-                atom = len(out)
-                out.append(r"\k<" + src[i + 4:close] + ">")
-                i = close + 1
+    return _OnigRewrite(src).run()
+
+
+class _OnigRewrite:
+    """One left-to-right pass of :func:`onig_pattern`: each construct copied or rewritten by
+    its own method. ``atom`` is the index in ``out`` where the last complete atom starts (what
+    a following ``{m,n}+`` applies to); ``groups`` the indices of the open groups."""
+
+    def __init__(self, src: str):
+        self.src, self.i = src, 0
+        self.out: list[str] = []
+        self.atom: int | None = None
+        self.groups: list[int] = []
+
+    def run(self) -> str:
+        src = self.src
+        while self.i < len(src):
+            c = src[self.i]
+            if c == "\\":
+                self._escape()
+            elif c == "[":
+                self._atom(_class_end(src, self.i))
+            elif c == "(":
+                self._open_group()
+            elif c == ")":
+                self._close_group()
+            elif c == "{" and self.atom is not None and (m := _INTERVAL.match(src, self.i)):
+                self._interval(m)
+            elif c == "^":
+                self._anchor(r"\A")
+            elif c == "$":
+                self._anchor(r"(?=\n?\z)")
             else:
-                out.append(c)
-                i += 1
-                atom = None
-        elif c == ")":
-            start = groups.pop() if groups else len(out)
-            out.append(c)
-            atom = start
-            i += 1
-        elif c == "{" and atom is not None and (m := _INTERVAL.match(src, i)):
-            j = m.end()
-            if j < n and src[j] == "+":  # possessive interval
-                inner = "".join(out[atom:])
-                del out[atom:]
-                out.append(f"(?>{inner}{m.group()})")
-                i = j + 1
-            else:
-                out.append(m.group())
-                i = j
-            atom = None
-        elif c == "^":
-            out.append(r"\A")
-            atom = None
-            i += 1
-        elif c == "$":
-            out.append(r"(?=\n?\z)")
-            atom = None
-            i += 1
+                self.atom = None if c in "*+?|" else len(self.out)
+                self.out.append(c)
+                self.i += 1
+        return "".join(self.out)
+
+    def _atom(self, end: int, text: str | None = None) -> None:
+        """Copy ``src[i:end]`` (or write ``text`` for it) as one complete atom."""
+        self.atom = len(self.out)
+        self.out.append(self.src[self.i:end] if text is None else text)
+        self.i = end
+
+    def _escape(self) -> None:
+        end = _escape_end(self.src, self.i)
+        self._atom(end, r"\z" if self.src[self.i:end] == r"\Z" else None)
+
+    def _open_group(self) -> None:
+        src, i = self.src, self.i
+        if src.startswith("(?P=", i):  # a backreference: an atom, not a group
+            close = src.find(")", i)
+            close = len(src) if close < 0 else close
+            self._atom(close + 1, r"\k<" + src[i + 4:close] + ">")
+            return
+        self.groups.append(len(self.out))
+        if src.startswith("(?P<", i):
+            self.out.append("(?<")
+            self.i += 4
         else:
-            atom = None if c in "*+?|" else len(out)
-            out.append(c)
-            i += 1
-    return "".join(out)
+            self.out.append("(")
+            self.i += 1
+            self.atom = None
+
+    def _close_group(self) -> None:
+        start = self.groups.pop() if self.groups else len(self.out)
+        self.out.append(")")
+        self.atom = start
+        self.i += 1
+
+    def _interval(self, m: regex.Match[str]) -> None:
+        end = m.end()
+        if end < len(self.src) and self.src[end] == "+":  # possessive interval
+            assert self.atom is not None
+            inner = "".join(self.out[self.atom:])
+            del self.out[self.atom:]
+            self.out.append(f"(?>{inner}{m.group()})")
+            self.i = end + 1
+        else:
+            self.out.append(m.group())
+            self.i = end
+        self.atom = None
+
+    def _anchor(self, text: str) -> None:
+        self.out.append(text)
+        self.atom = None
+        self.i += 1
 
 
 def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:

@@ -25,10 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge
 from pipeline.encoder import PairTable, Tokenizer, bpe_encode
+from pipeline.engines.local import initial_symbols
 from pipeline.outputs import TrainedTokenizer, export_notes
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row, word_bytes
 
@@ -148,23 +150,9 @@ def merge_ranks_applied(flat: np.ndarray, lengths: np.ndarray, weights: np.ndarr
 
 
 def _symbols(base: BaseVocab, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    if base.alphabet == "bytes":
-        data = [word_bytes(w) for w in words]
-        lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
-        flat = np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int32)
-        return flat, lengths
-    n_chars = base.size - (1 if base.end_of_word_suffix else 0)
-    ids = {base.tokens[i].decode("utf-8", "surrogateescape"): i for i in range(n_chars)}
     unknown = base.size + 10**6  # never part of a merge; counts as one byte in the histogram
-    seqs = []
-    for w in words:
-        s = [ids.get(ch, unknown) for ch in w]
-        if base.end_of_word_suffix:
-            s.append(base.size - 1)
-        seqs.append(s)
-    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(lengths.sum()))
-    return flat, lengths
+    flat, lengths = initial_symbols(base, pa.array(map(word_bytes, words), pa.binary()), unknown)
+    return flat.astype(np.int32), lengths
 
 
 def _snippet(text: str) -> str:
@@ -511,7 +499,7 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
         return [], "", False
     # a bounded read whatever the corpus size: the first rows of up to SAMPLE_FILES files
     # spread over the input (in path order)
-    from pipeline.count.word_count import list_local_corpus
+    from pipeline.count.corpus import list_local_corpus
 
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     files = list_local_corpus(path, cfg.text_column, skipped=skipped) or sorted(

@@ -34,25 +34,23 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline import faults, fsutil
-from pipeline.bpe import BaseVocab, Merge, bytes_vocab
+from pipeline.bpe import BaseVocab, Merge, bytes_vocab, extend_vocab, vocab_bytes
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings, list_names
 from pipeline.config import Config, ConfigError
+from pipeline.count.corpus import describe_input_change, input_fingerprint, list_input
 from pipeline.count.external import import_word_table, is_ours
-from pipeline.count.word_count import (
+from pipeline.count.word_count import count_words
+from pipeline.count.word_table import (
     SPECIAL_TOKENS_CUT,
     WordTable,
-    count_words,
-    describe_input_change,
     format_digest,
-    input_fingerprint,
-    list_input,
     open_word_table,
     read_word_table,
     spark_table_digest,
 )
-from pipeline.engines.local import LocalTrainer
+from pipeline.engines.local import LocalTrainer, initial_symbols
 from pipeline.engines.rounds import RoundStats, run_rounds
-from pipeline.engines.spark import SparkPartitions, symbols_of
+from pipeline.engines.spark import SparkPartitions
 from pipeline.lease import Lease
 from pipeline.memory import Budget, choose_engine, driver_budget, fits_driver
 from pipeline.outputs import TrainedTokenizer, write_exports, write_run_json, write_trace
@@ -176,21 +174,12 @@ def _load_local(spark: SparkSession, wt: WordTable, base: BaseVocab
     table, wt.table = wt.table, None  # counted in this process: in memory, sorted
     if table is None:
         table = read_word_table(spark, wt)
-    char_ids, suffix_id = _char_ids(base)
-    flat, lengths = symbols_of(table.column("word"), char_ids, suffix_id)
+    flat, lengths = initial_symbols(base, table.column("word"))
     flat = flat.astype(np.int32)  # the engine's token array (taken over, not copied again)
     counts = np.array(table.column("count").to_numpy(), dtype=np.int64)  # not a view
     del table  # the driver engine's peak comes later: give the table's memory back first
     pa.default_memory_pool().release_unused()
     return flat, lengths, counts
-
-
-def _char_ids(base: BaseVocab) -> tuple[dict[str, int] | None, int | None]:
-    if base.alphabet == "bytes":
-        return None, None
-    n = len(base.tokens) - (1 if base.end_of_word_suffix else 0)
-    ids = {base.tokens[i].decode("utf-8", "surrogateescape"): i for i in range(n)}
-    return ids, (n if base.end_of_word_suffix else None)
 
 
 def _remove_stale_temp(spark: SparkSession, parent: str, name: str) -> None:
@@ -316,9 +305,7 @@ class MergeLog:
         self.target = prep.target
         self.merges: list[Merge] = list(prep.prior)
         self.removed: list[int] = list(prep.prior_removed)
-        self.vocab: list[bytes] = list(prep.base.tokens)
-        for m in self.merges:
-            self.vocab.append(self.vocab[m.left] + self.vocab[m.right])
+        self.vocab = vocab_bytes(prep.base, self.merges)
         self.last_checkpoint = time.time()
 
     def __len__(self) -> int:
@@ -329,8 +316,7 @@ class MergeLog:
         return self.target - len(self.merges)
 
     def extend(self, new: list[Merge], removed: list[int]) -> None:
-        for m in new:
-            self.vocab.append(self.vocab[m.left] + self.vocab[m.right])
+        extend_vocab(self.vocab, new)
         self.merges.extend(new)
         self.removed.extend(removed)
         if new:
@@ -392,8 +378,8 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
     round statistics and, after a hand-off, the remaining words (else None)."""
     cfg = prep.cfg
     mlog.stage.update(note="building the partitions' state and counting the pairs")
-    parts = SparkPartitions(spark, prep.words(), cfg.num_partitions, *_char_ids(prep.base),
-                            prep.base.size, replay=[(m.left, m.right) for m in mlog.merges])
+    parts = SparkPartitions(spark, prep.words(), cfg.num_partitions, prep.base,
+                            replay=[(m.left, m.right) for m in mlog.merges])
     t0 = time.time()
     try:
         res = run_rounds(

@@ -171,7 +171,7 @@ def test_initial_counting_sort_in_chunks_equals_one_pass(monkeypatch):
     chunked = LocalTrainer.from_words(ids, counts, base.tokens)
     n = whole.state.n_ids
     assert chunked.state.n_ids == n
-    for name in ("cnt", "lo", "hi", "pa", "pb"):
+    for name in ("cnt", "lo", "hi", "pair_left", "pair_right"):
         assert np.array_equal(getattr(whole.state, name)[:n], getattr(chunked.state, name)[:n])
     assert np.array_equal(whole.state.buf[:whole.state.buf_len],
                           chunked.state.buf[:chunked.state.buf_len])

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.bpe import initial_words, train_oracle
+from pipeline.bpe import bytes_vocab, initial_words, train_oracle
 from pipeline.config import Config
-from pipeline.count.word_count import WORD_TABLE_SCHEMA
+from pipeline.count.word_table import WORD_TABLE_SCHEMA
 from pipeline.engines.rounds import run_rounds
 from pipeline.engines.spark import SparkPartitions
 from pipeline.train import train
@@ -42,7 +42,7 @@ def test_spark_rounds_equal_oracle(spark, texts, parts, max_batch, data):
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 25, 1)
     # one word per chunk record: a partition's words span many records
-    blocks = SparkPartitions(spark, word_df(spark, words, counts), parts, None, None, 256,
+    blocks = SparkPartitions(spark, word_df(spark, words, counts), parts, base,
                              chunk_bytes=1)
     try:
         res = run_rounds(blocks, [1] * 256, 25, 1, None, max_batch)
@@ -63,7 +63,7 @@ def test_a_half_changed_partition_state_is_rebuilt_from_the_word_table(spark):
     counts = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9]
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 12, 1)
-    parts = SparkPartitions(spark, word_df(spark, words, counts), 2, None, None, 256)
+    parts = SparkPartitions(spark, word_df(spark, words, counts), 2, bytes_vocab())
     run = parts.run
 
     def spoil(new, removed, stats) -> None:

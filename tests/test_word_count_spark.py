@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import Config, ConfigError, resolve
-from pipeline.count import word_count
+from pipeline.count import corpus, word_count, word_table
 from pipeline.count.word_count import count_words
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 
@@ -234,18 +234,18 @@ def test_local_listing_matches_sparks(spark, mixed_corpus, tmp_path):
         (d / p.name).write_bytes(p.read_bytes())
     (d / "_README.md").write_text("not data")
     (d / ".part.crc").write_bytes(b"x")
-    _, spark_files = word_count.read_corpus(spark, str(d), "text")
+    _, spark_files = corpus.read_corpus(spark, str(d), "text")
     footers: dict = {}
-    assert word_count.list_local_corpus(str(d), "text", footers) == spark_files
+    assert corpus.list_local_corpus(str(d), "text", footers) == spark_files
     assert sorted(footers) == spark_files  # read once, reused by the task plan
-    assert word_count.list_local_corpus(f"file://{d}", "text") == spark_files
+    assert corpus.list_local_corpus(f"file://{d}", "text") == spark_files
     one = sorted(d.glob("*.parquet"))[0]
-    assert word_count.list_local_corpus(str(one), "text") == [f"file://{one}"]
-    assert word_count.list_local_corpus(str(d / "*.parquet"), "text") is None  # glob
-    assert word_count.list_local_corpus(str(d), "body") is None  # no such column
-    assert word_count.list_local_corpus(str(tmp_path / "missing"), "text") is None
+    assert corpus.list_local_corpus(str(one), "text") == [f"file://{one}"]
+    assert corpus.list_local_corpus(str(d / "*.parquet"), "text") is None  # glob
+    assert corpus.list_local_corpus(str(d), "body") is None  # no such column
+    assert corpus.list_local_corpus(str(tmp_path / "missing"), "text") is None
     (d / "sub").mkdir()
-    assert word_count.list_local_corpus(str(d), "text") is None  # nested: Spark decides
+    assert corpus.list_local_corpus(str(d), "text") is None  # nested: Spark decides
 
 
 def test_arrow_reader_errors(spark, tmp_path):
@@ -267,22 +267,22 @@ def test_driver_digest_equals_sparks(spark, mixed_corpus, tmp_path):
     out = tmp_path / "words"
     wt = count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                                    special_tokens=["<|endoftext|>"]))
-    assert wt.table is not None and wt.meta["digest"] == word_count.table_digest(wt.table)
-    row = spark.read.parquet(str(out / "data")).select(*word_count.spark_table_digest()).first()
-    assert word_count.format_digest(row[0], row[1]) == wt.meta["digest"]
+    assert wt.table is not None and wt.meta["digest"] == word_table.table_digest(wt.table)
+    row = spark.read.parquet(str(out / "data")).select(*word_table.spark_table_digest()).first()
+    assert word_table.format_digest(row[0], row[1]) == wt.meta["digest"]
     assert json.loads((out / "word_table.json").read_text())["digest"] == wt.meta["digest"]
     changed = wt.table.set_column(1, "count", pc.add(wt.table.column("count"), 1))
-    assert word_count.table_digest(changed) != wt.meta["digest"]
+    assert word_table.table_digest(changed) != wt.meta["digest"]
 
 
 def test_collect_arrow_brings_every_row_in_partition_order(spark):
     """The driver's partition-at-a-time reader (used off local disk): the same rows, in the
     same order, as Spark's own collect; an empty frame keeps its schema."""
     df = spark.range(0, 5000, 1, 7).selectExpr("id", "cast(id * 3 as string) as w")
-    got = word_count.collect_arrow(df)
+    got = word_table.collect_arrow(df)
     assert got.column("id").to_pylist() == list(range(5000))
     assert got.column("w").to_pylist() == [r["w"] for r in df.collect()]
-    empty = word_count.collect_arrow(df.where("id < 0"))
+    empty = word_table.collect_arrow(df.where("id < 0"))
     assert empty.num_rows == 0 and empty.column_names == ["id", "w"]
 
 

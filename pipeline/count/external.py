@@ -17,7 +17,6 @@ file and line.
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -29,6 +28,13 @@ import pyarrow.parquet as pq
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
+from pipeline.count.word_table import (
+    WORD_TABLE_ARROW_SCHEMA,
+    publish_word_table,
+    table_digest,
+    word_table_meta,
+    write_table_data,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +177,13 @@ def canonical(table: pa.Table) -> pa.Table:
     rank[wid[order][np.sort(at)]] = np.arange(n, dtype=np.int64)
     out = pa.table({"word": enc.dictionary.cast(pa.binary()),
                     "count": pa.array(totals, pa.int64()),
-                    "first_seen": pa.array(rank, pa.int64())})
+                    "first_seen": pa.array(rank, pa.int64())}, schema=WORD_TABLE_ARROW_SCHEMA)
     return out.sort_by("first_seen")
 
 
 def import_word_table(spark, cfg: Config, source: str, dest: str) -> dict:
     """Write ``source`` (an external table) as a word table of ours at ``dest``; returns its
     metadata (the pretokenizer settings are the run's own: the table is taken as given)."""
-    from pipeline.count.word_count import WORD_TABLE_VERSION, _write_table, table_digest
-
     names = fsutil.list_dir(spark, source)
     is_tsv = source.endswith(TSV_SUFFIXES) or any(f.endswith(TSV_SUFFIXES)
                                                   for f in names or ())
@@ -187,26 +191,15 @@ def import_word_table(spark, cfg: Config, source: str, dest: str) -> dict:
     if table.num_rows == 0:
         raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
     tmp = fsutil.staging_dir(spark, dest, "word_table.json")
-    _write_table(spark, table, fsutil.join(tmp, "data"))
+    write_table_data(spark, table, fsutil.join(tmp, "data"))
     words = int(pc.sum(table.column("count")).as_py())
     nbytes = int(np.dot(pc.binary_length(table.column("word")).to_numpy(),
                         table.column("count").to_numpy()))
-    spec = cfg.pretokenizer_spec()
     stats = {"rows": table.num_rows, "words": words, "bytes": nbytes,
              "unique_words": table.num_rows}
-    meta = {
-        "format": "spark-bpe word table", "version": WORD_TABLE_VERSION,
-        "input": "", "external": source, "text_column": cfg.text_column,
-        "pretokenizer": {"pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
-                         "lowercase": spec.lowercase, "normalization": spec.normalization},
-        "max_word_bytes": 0, "unique_words": table.num_rows, "stats": stats,
-        "digest": table_digest(table),
-        "left_out": {"long_words": 0, "long_word_bytes": 0, "rows_with_long_words": 0,
-                     "unreadable_files": []},
-    }
-    fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
-    fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
-    fsutil.replace_dir(spark, tmp, dest)
+    meta = word_table_meta(cfg.pretokenizer_spec(), cfg.text_column, 0, stats,
+                           {"input": "", "external": source}, digest=table_digest(table))
+    publish_word_table(spark, tmp, dest, meta, stats)
     log.info("imported the external word table %s: %d distinct words, %d words (first-seen "
              "order: %s) -> %s", source, table.num_rows, words,
              "its first_seen column" if _has_first_seen(source, is_tsv) else "its row order",

@@ -15,34 +15,49 @@ word table does not depend on partitioning (docs/DESIGN.md section 1).
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import heapq
-import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark import RDD, Accumulator, AccumulatorParam, SparkContext, StorageLevel, TaskContext
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
-from pyspark.sql.utils import AnalysisException
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
+from pipeline.count.corpus import (
+    UNREADABLE,
+    Corpus,
+    ReadSlice,
+    arrow_plan,
+    first_line,
+    input_fingerprint,
+    list_local_sources,
+    normalize_path,
+    read_sources,
+    unreadable_file_error,
+)
+from pipeline.count.word_table import (
+    WORD_TABLE_ARROW_SCHEMA,
+    WORD_TABLE_SCHEMA,
+    WordTable,
+    arrow_ipc,
+    iter_arrow,
+    publish_word_table,
+    table_digest,
+    word_table_meta,
+    write_table_data,
+)
 from pipeline.memory import choose_count_merge, driver_budget, driver_fetch_limit
 from pipeline.pretokenize import (
     FirstSeenLayout,
@@ -62,104 +77,11 @@ from pipeline.spark_session import (
 
 log = logging.getLogger(__name__)
 
-WORD_TABLE_VERSION = 2  # v2: max_word_bytes, input_fingerprint (v1 is read as "no cap")
-READABLE_VERSIONS = (1, 2)
-WORD_TABLE_SCHEMA = T.StructType(
-    [
-        T.StructField("word", T.BinaryType(), False),
-        T.StructField("count", T.LongType(), False),
-        T.StructField("first_seen", T.LongType(), False),
-    ]
-)
 _PARTIAL_SCHEMA = (
     "kind byte, word binary, count long, file int, block long, row long, rank int"
 )
 KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
 BLOB_ROWS = 1 << 16  # words per partial-count batch: about 3 MB of Arrow
-UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
-
-
-def normalize_path(path: str) -> str:
-    """One spelling per file: Spark writes ``file:/x`` in one place and ``file:///x`` in another."""
-    u = urlparse(path)
-    scheme = u.scheme or "file"
-    return f"{scheme}://{u.netloc}{unquote(u.path)}"
-
-
-def read_corpus(spark: SparkSession, path: str, text_column: str,
-                ignore_corrupt: bool = False) -> tuple[DataFrame, list[str]]:
-    """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
-    job's input). ``ignore_corrupt``: Spark's own ``spark.sql.files.ignoreCorruptFiles``."""
-    if ignore_corrupt:
-        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
-    cfg = Config(input=path, text_column=text_column)
-    df, files, _, _ = _read_source(spark, cfg, path, None)
-    if not files:
-        raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
-    return df, files
-
-
-_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-               pa.types.is_large_binary)
-
-
-def corrupt_file_error(path: str, reason: str, can_skip: bool = True) -> ConfigError:
-    """``can_skip``: the job takes --ignore-corrupt-files (the count does, encode does not:
-    every row of its input gets its ids)."""
-    what = ("or pass --ignore-corrupt-files to skip unreadable files" if can_skip
-            else "then rerun")
-    return ConfigError(f"config key 'input': {path} is not a readable Parquet file ({reason}); "
-                       f"fix or remove it, {what}")
-
-
-def list_local_corpus(path: str, text_column: str,
-                      footers: dict[str, pq.FileMetaData] | None = None,
-                      skipped: list[str] | None = None) -> list[str] | None:
-    """The files of a local corpus listed without the JVM (as :func:`read_corpus` lists them),
-    when that is unambiguous: one Parquet file, or a directory that holds only files (names
-    starting with ``_`` or ``.`` skipped, as Spark does). None lets Spark list and validate:
-    globs, nested or partitioned directories, other filesystems, a missing column or one that
-    is not text. A file whose Parquet footer cannot be read is an error naming it, or, with
-    ``skipped`` given (``ignore_corrupt_files``), left out and added to ``skipped``.
-    ``footers``, if given, receives each listed file's Parquet metadata (read once, for
-    :func:`plan_slices`)."""
-    if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
-        return None
-    local = os.path.abspath(fsutil.local_path(path))
-    if os.path.isfile(local):
-        candidates = [local]
-    elif os.path.isdir(local):
-        entries = [e for e in os.scandir(local) if not e.name.startswith(("_", "."))]
-        if not entries or not all(e.is_file() for e in entries):
-            return None
-        candidates = [e.path for e in entries]
-    else:
-        return None
-    read: dict[str, pq.FileMetaData] = {}
-    for f in candidates:
-        try:
-            meta = pq.ParquetFile(f).metadata
-            schema = meta.schema.to_arrow_schema()
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
-            if skipped is None:
-                raise corrupt_file_error(f, _first_line(exc)) from None
-            skipped.append(normalize_path("file://" + f))
-            continue
-        i = schema.get_field_index(text_column)
-        if i < 0 or not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
-            return None
-        read[normalize_path("file://" + f)] = meta
-    if footers is not None:
-        footers.update(read)
-    if not read:
-        raise ConfigError(f"config key 'input': no readable Parquet files under {path} "
-                          f"({len(skipped or [])} unreadable ones skipped)")
-    return sorted(read)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str], int],
@@ -212,49 +134,6 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
     return count_partition
 
 
-@dataclass(frozen=True)
-class ReadSlice:
-    """Consecutive row groups of one local Parquet file, read in a task with pyarrow."""
-
-    file_index: int
-    path: str  # a local path
-    row_groups: tuple[int, ...]
-    first_row: int  # index in the file of the first row of the first row group
-    nbytes: int
-    num_rows: int = 0
-
-
-def plan_slices(files: list[str], text_column: str, tasks: int,
-                footers: dict[str, pq.FileMetaData] | None = None
-                ) -> list[list[ReadSlice]] | None:
-    """Row groups of local ``files`` dealt to ``tasks`` tasks of about equal size (largest
-    first, each to the least loaded task), each task's slices in corpus order. None when a file
-    lacks ``text_column`` as a top-level column (Spark's reader then handles it, e.g. with
-    nulls for files that miss the column). ``footers``: metadata already read, by file."""
-    slices: list[ReadSlice] = []
-    for fidx, f in enumerate(files):
-        path = fsutil.local_path(f)
-        meta = (footers or {}).get(f) or pq.ParquetFile(path).metadata
-        if text_column not in meta.schema.to_arrow_schema().names:
-            return None
-        first = 0
-        for rg in range(meta.num_row_groups):
-            group = meta.row_group(rg)
-            slices.append(ReadSlice(fidx, path, (rg,), first, group.total_byte_size,
-                                    group.num_rows))
-            first += group.num_rows
-    n = max(1, min(tasks, len(slices)))
-    loads = [(0, t) for t in range(n)]
-    plan: list[list[ReadSlice]] = [[] for _ in range(n)]
-    for s in sorted(slices, key=lambda s: (-s.nbytes, s.file_index, s.first_row)):
-        load, t = heapq.heappop(loads)
-        plan[t].append(s)
-        heapq.heappush(loads, (load + s.nbytes, t))
-    for task in plan:
-        task.sort(key=lambda s: (s.file_index, s.first_row))
-    return plan
-
-
 def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice],
                   max_word_bytes: int = 0, ignore_corrupt: bool = False,
                   weights: list[int] | None = None, report: TaskReporter | None = None
@@ -290,7 +169,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
                     report.update(rows_read, bytes_read)
         except (OSError, pa.ArrowException) as exc:
             if not ignore_corrupt:  # the driver turns this into one line naming the file
-                raise RuntimeError(f"{UNREADABLE} {s.path} :: {_first_line(exc)}") from None
+                raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
             unreadable.add(s.file_index)  # what was read is kept, as Spark does
     if report is not None:
         report.finish(rows_read, bytes_read)
@@ -298,24 +177,10 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
                                 {f"skipped_file:{i}": 1 for i in unreadable})
 
 
-# where special tokens are found: tables without this key cut them after normalization and
-# lowercasing, which differs when those make or unmake a special-token string
-SPECIAL_TOKENS_CUT = "before normalization"
-
 PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
                                   ("count", pa.int64()), ("file", pa.int32()),
                                   ("block", pa.int64()), ("row", pa.int64()),
                                   ("rank", pa.int32())])
-
-
-def _arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema = PARTIAL_ARROW_SCHEMA
-               ) -> bytes:
-    """Record batches as one Arrow IPC stream (bytes the JVM passes through untouched)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        for b in batches:
-            writer.write_batch(b)
-    return sink.getvalue().to_pybytes()
 
 
 Counted = tuple[WordCounter, int, int]  # a counter, its block (0: rows indexed per file), weight
@@ -416,11 +281,7 @@ def _dense_rank(sorted_df: DataFrame) -> DataFrame:
             n = b.num_rows
             yield pa.RecordBatch.from_arrays(
                 [b.column(0), b.column(1), pa.array(range(i, i + n), pa.int64())],
-                schema=pa.schema(
-                    [("word", pa.binary(), False), ("count", pa.int64(), False),
-                     ("first_seen", pa.int64(), False)]
-                ),
-            )
+                schema=WORD_TABLE_ARROW_SCHEMA)
             i += n
 
     return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA)
@@ -581,96 +442,9 @@ def merge_partials(partial: pa.Table | BucketedPartials, n_files: int
         [pa.chunked_array(words, pa.binary()),
          pa.array(np.concatenate(totals) if totals else np.zeros(0, np.int64), pa.int64()),
          pa.array(first_seen, pa.int64())],
-        schema=pa.schema([pa.field(f.name, pa.binary() if f.name == "word" else pa.int64(),
-                                   nullable=False) for f in WORD_TABLE_SCHEMA.fields]),
+        schema=WORD_TABLE_ARROW_SCHEMA,
     )
     return table.sort_by("first_seen"), stats
-
-
-def table_digest(table: pa.Table) -> str:
-    """A content digest of a word table: the XOR over rows of
-    ``crc32(word) << 32 ^ count ^ first_seen << 16`` (64-bit), and the row count. The same
-    value comes from Spark with :func:`spark_table_digest` (tests hold them equal)."""
-    words = table.column("word").to_pylist()
-    crc = np.fromiter(map(zlib.crc32, words), dtype=np.uint64, count=len(words))
-    h = ((crc << np.uint64(32)) ^ table.column("count").to_numpy().astype(np.uint64)
-         ^ (table.column("first_seen").to_numpy().astype(np.uint64) << np.uint64(16)))
-    return format_digest(int(np.bitwise_xor.reduce(h)) if len(h) else 0, len(words))
-
-
-def spark_table_digest() -> tuple[Column, Column]:
-    """The aggregate columns of :func:`table_digest` for a word-table DataFrame: (xor, rows);
-    format them with :func:`format_digest`."""
-    h = (F.shiftleft(F.crc32("word"), 32).bitwiseXOR(F.col("count"))
-         .bitwiseXOR(F.shiftleft(F.col("first_seen"), 16)))
-    return F.bit_xor(h), F.count(F.lit(1))
-
-
-def format_digest(xor: int | None, rows: int) -> str:
-    return f"c{(int(xor or 0)) & (2**64 - 1):016x}-{int(rows)}"
-
-
-def _write_table(spark: SparkSession, table: pa.Table, path: str) -> None:
-    """Write a word table made on the driver: directly when local, through Spark otherwise."""
-    if fsutil.is_local(path):
-        local = fsutil.local_path(path)
-        os.makedirs(local, exist_ok=True)
-        pq.write_table(table, os.path.join(local, "part-00000.parquet"))
-    else:
-        spark.createDataFrame(table).write.parquet(path)
-
-
-def iter_arrow(df: DataFrame) -> Iterator[pa.RecordBatch]:
-    """``df``'s rows on the driver as Arrow batches, brought over one partition at a time: the
-    driver JVM holds one partition's rows at once, never the whole table (``toArrow`` and
-    ``collect`` gather every partition in the JVM heap first, which is what ran a 1 GB default
-    driver out of memory on a 6 M-word table)."""
-
-    def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for b in batches:
-            if b.num_rows:
-                yield pa.RecordBatch.from_arrays([pa.array([_arrow_ipc([b], b.schema)],
-                                                           pa.binary())], ["ipc"])
-
-    for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(prefetchPartitions=True):
-        yield from pa.ipc.open_stream(row["ipc"])
-
-
-def collect_arrow(df: DataFrame) -> pa.Table:
-    """``df`` on the driver as one Arrow table (:func:`iter_arrow`)."""
-    batches = list(iter_arrow(df))
-    return pa.Table.from_batches(batches) if batches else df.limit(0).toArrow()
-
-
-def read_word_table(spark: SparkSession, wt: WordTable,
-                    columns: Sequence[str] = ("word", "count", "first_seen")) -> pa.Table:
-    """The word table's rows on the driver, sorted by first_seen: read with pyarrow when it is
-    on a local filesystem (no JVM involved), else through Spark a partition at a time."""
-    if fsutil.is_local(wt.data_path):
-        local = fsutil.local_path(wt.data_path)
-        files = sorted(os.path.join(local, f) for f in os.listdir(local)
-                       if f.endswith(".parquet") and not f.startswith((".", "_")))
-        table = pa.concat_tables([pq.read_table(f, columns=list(columns)) for f in files]) \
-            if files else collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
-    else:
-        table = collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
-    return table.sort_by("first_seen") if "first_seen" in columns else table
-
-
-@dataclass
-class WordTable:
-    """A word table on disk: ``<dir>/data`` (Parquet) + ``word_table.json`` + ``stats.json``.
-
-    ``table``: the same rows in memory (sorted by first_seen) when the count was merged on the
-    driver in this process, so training need not read them back through Spark."""
-
-    path: str
-    meta: dict
-    table: pa.Table | None = None
-
-    @property
-    def data_path(self) -> str:
-        return fsutil.join(self.path, "data")
 
 
 def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thread:
@@ -691,158 +465,6 @@ def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thre
     thread = threading.Thread(target=run, name="spark-bpe-warm-workers", daemon=True)
     thread.start()
     return thread
-
-
-@dataclass
-class Corpus:
-    """What the count reads, in corpus order: the sources in the order given (``input``
-    split at commas, or the one table or DataFrame), the files of each source by path.
-    ``keys[i]`` is file i's (source index, path); ``weights[i]`` its source's weight."""
-
-    files: list[str]
-    keys: list[tuple[int, str]]
-    weights: list[int]
-    df: DataFrame | None = None  # Spark's reader: (text, source, path, block, row)
-    footers: dict[str, pq.FileMetaData] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-
-
-def _source_weights(cfg: Config, n: int) -> list[int]:
-    return list(cfg.input_weights) if cfg.input_weights else [1] * n
-
-
-def list_local_sources(cfg: Config, footers: dict[str, pq.FileMetaData],
-                       skipped: list[str] | None) -> Corpus | None:
-    """The corpus listed without the JVM: local Parquet sources only (else None)."""
-    if cfg.count_reader == "spark" or cfg.input_format != "parquet" or cfg.input_table:
-        return None
-    weights = _source_weights(cfg, len(cfg.inputs))
-    corpus = Corpus([], [], [], footers=footers, skipped=skipped or [])
-    for i, source in enumerate(cfg.inputs):
-        files = list_local_corpus(source, cfg.text_column, footers, skipped)
-        if files is None:
-            return None
-        corpus.files += files
-        corpus.keys += [(i, f) for f in files]
-        corpus.weights += [weights[i]] * len(files)
-    return corpus
-
-
-def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> Corpus:
-    """The corpus through Spark's readers (any format, a catalog table, or a DataFrame)."""
-    if cfg.ignore_corrupt_files:
-        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
-    if frame is not None:
-        names = ["a DataFrame"]
-    else:
-        names = [cfg.input_table] if cfg.input_table else cfg.inputs
-    weights = _source_weights(cfg, len(names))
-    corpus = Corpus([], [], [])
-    frames = []
-    for i, name in enumerate(names):
-        df, files, block, row = _read_source(spark, cfg, name, frame)
-        frames.append(df.select(F.col(cfg.text_column).alias("text"),
-                                F.lit(i).cast("int").alias("source"),
-                                (F.col("_metadata.file_path") if frame is None and files != [name]
-                                 else F.lit(name)).alias("path"),
-                                block.cast("long").alias("block"),
-                                row.cast("long").alias("row")))
-        corpus.files += files
-        corpus.keys += [(i, normalize_path(f)) for f in files]
-        corpus.weights += [weights[i]] * len(files)
-    corpus.df = functools.reduce(DataFrame.unionByName, frames)
-    return corpus
-
-
-def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None
-                 ) -> tuple[DataFrame, list[str], Column, Column]:
-    """One source: its DataFrame, its files in path order, and the columns that order its
-    rows: (block, row) = (0, row index in the file) for Parquet; (split start, None: numbered
-    in the task) for other file formats; (Spark partition, None) for a DataFrame or a table
-    without files."""
-    what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
-    try:
-        if frame is not None:
-            df = frame
-        elif cfg.input_table:
-            df = spark.table(name)
-        elif cfg.input_format == "csv":
-            df = spark.read.option("header", True).option("multiLine", True).csv(name)
-        elif cfg.input_format == "text":
-            df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
-        else:
-            df = spark.read.format(cfg.input_format).load(name)
-    except AnalysisException as exc:
-        msg = _first_line(exc)
-        if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
-            raise ConfigError(f"{what}: path does not exist: {name}") from None
-        if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
-            raise ConfigError(f"config key 'input_format': Spark has no {cfg.input_format!r} "
-                              "reader here (delta needs the delta-spark package: spark-submit "
-                              "--packages io.delta:delta-spark_2.13:<version>)") from None
-        if "TABLE_OR_VIEW_NOT_FOUND" in msg:
-            raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
-        raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
-    except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
-        named = unreadable_file_error(exc)
-        if named is not None:
-            raise named from None
-        raise ConfigError(f"{what}: cannot read {name}: {_first_line(exc)}") from None
-    _check_text_column(df, cfg.text_column, name)
-    files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
-    if frame is not None or not files:  # no files to order by: Spark's partitions, in order
-        if frame is None and cfg.input_table:
-            raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "
-                              "table); read it into a DataFrame and use pipeline.api")
-        return df, [name], F.spark_partition_id(), F.lit(None)
-    parquet = cfg.input_format == "parquet" and not cfg.input_table
-    if not parquet:
-        try:  # a catalog table stored as Parquet still has row indices
-            df.select("_metadata.row_index").schema  # noqa: B018 - resolves the column
-            parquet = True
-        except AnalysisException:
-            parquet = False
-    if parquet:
-        return df, files, F.lit(0), F.col("_metadata.row_index")
-    return df, files, F.col("_metadata.file_block_start"), F.lit(None)
-
-
-def _check_text_column(df: DataFrame, text_column: str, name: str) -> None:
-    if text_column not in df.columns:
-        raise ConfigError(
-            f"config key 'text_column': column {text_column!r} not in {name} "
-            f"(columns: {', '.join(df.columns)})"
-        )
-    dtype = df.schema[text_column].dataType
-    if not isinstance(dtype, (T.StringType, T.BinaryType)):
-        raise ConfigError(
-            f"config key 'text_column': column {text_column!r} is {dtype.simpleString()}, "
-            "not string or binary"
-        )
-
-
-def _arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
-                footers: dict[str, pq.FileMetaData] | None = None
-                ) -> list[list[ReadSlice]] | None:
-    """The tasks of the Arrow reader, or None to let Spark's Parquet scan feed the tasks.
-
-    ``count_reader = auto`` reads local files with pyarrow inside the tasks: the JVM then only
-    schedules them, instead of decoding Parquet and converting rows to Arrow (work a fresh JVM
-    does slowly until its JIT has warmed up). Other filesystems go through Spark."""
-    if cfg.count_reader == "spark":
-        return None
-    local = all(fsutil.is_local(f) for f in files)
-    if not local:
-        if cfg.count_reader == "arrow":
-            raise ConfigError("config key 'count_reader' = 'arrow' reads local files only; "
-                              f"{cfg.input} is not local: use 'auto' or 'spark'")
-        return None
-    tasks = cfg.num_partitions or 2 * spark.sparkContext.defaultParallelism
-    plan = plan_slices(files, cfg.text_column, tasks, footers)
-    if plan is None and cfg.count_reader == "arrow":
-        raise ConfigError(f"config key 'count_reader' = 'arrow': some files under {cfg.input} "
-                          f"have no top-level column {cfg.text_column!r}; use 'spark'")
-    return plan
 
 
 def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
@@ -986,7 +608,7 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
             else:
                 task_bytes = 0
                 for b in batches:
-                    blob = _arrow_ipc([b])
+                    blob = arrow_ipc([b], PARTIAL_ARROW_SCHEMA)
                     task_bytes += len(blob)
                     yield blob
             size.add((task_bytes, task_bytes))
@@ -1041,14 +663,14 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
     footers: dict[str, pq.FileMetaData] = {}
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     corpus = None if frame is not None else list_local_sources(cfg, footers, skipped)
-    plan = None if corpus is None else _arrow_plan(spark, cfg, corpus.files, footers)
+    plan = None if corpus is None else arrow_plan(spark, cfg, corpus.files, footers)
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)
         warming = _warm_workers(spark, spec)
         corpus = read_sources(spark, cfg, frame)
         if frame is None and cfg.input_format == "parquet" and not cfg.input_table:
-            plan = _arrow_plan(spark, cfg, corpus.files)  # listed by Spark, read by pyarrow
+            plan = arrow_plan(spark, cfg, corpus.files)  # listed by Spark, read by pyarrow
     assert corpus is not None
     try:
         fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
@@ -1063,86 +685,6 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
     finally:
         if warming is not None:
             warming.join()
-
-
-def unreadable_file_error(exc: BaseException, can_skip: bool = True) -> ConfigError | None:
-    """A read (count, encode) that failed on a corrupt input file, as one line naming the
-    file (exit 2); None for any other failure."""
-    text = str(exc)
-    m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
-    if m:
-        return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip)
-    m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
-    if m:
-        cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
-                 or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
-        why = cause.group(1) if cause else m.group(1).replace("_", " ").lower()
-        return corrupt_file_error(m.group(2), why.strip(), can_skip)
-    return None
-
-
-def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, pq.FileMetaData]]:
-    """The input's files in corpus order, listed as the count lists them (without the JVM for
-    local Parquet), and the Parquet footers read on the way."""
-    footers: dict[str, pq.FileMetaData] = {}
-    corpus = list_local_sources(cfg, footers, [] if cfg.ignore_corrupt_files else None)
-    if corpus is None:
-        start_session(spark)
-        corpus = read_sources(spark, cfg)
-    return corpus.files, footers
-
-
-def input_fingerprint(spark: SparkSession, files: list[str],
-                      footers: dict[str, pq.FileMetaData] | None = None) -> dict:
-    """What the count read, summarised: every file's path, size and modification time (and,
-    for local files, its Parquet footer's row count). Two listings with the same digest are the
-    same input as far as anything short of reading every byte can tell; a shard added, removed,
-    rewritten or touched changes it."""
-    statuses = _file_statuses(spark, files)
-    entries = []
-    for f, (size, mtime) in zip(files, statuses):
-        rows = None
-        if fsutil.is_local(f):
-            meta = (footers or {}).get(f)
-            with contextlib.suppress(Exception):  # an unreadable footer: size and time only
-                meta = meta or pq.ParquetFile(fsutil.local_path(f)).metadata
-            rows = None if meta is None else meta.num_rows
-        entries.append(f"{f}\t{size}\t{mtime}\t{'' if rows is None else rows}")
-    return {
-        "files": len(files),
-        "bytes": sum(size for size, _ in statuses),
-        "digest": hashlib.sha256("\n".join(entries).encode()).hexdigest()[:32],
-    }
-
-
-def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int]]:
-    """(size in bytes, modification time) of each file: os.stat for local files; for others
-    one Hadoop listing per parent directory (an object store answers a listing with the
-    sizes and times of all its keys, instead of one request per file)."""
-    out: dict[str, tuple[int, int]] = {}
-    remote: dict[str, list[str]] = {}
-    for f in files:
-        if fsutil.is_local(f):
-            st = os.stat(fsutil.local_path(f))
-            out[f] = (st.st_size, st.st_mtime_ns)
-        else:
-            remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
-    for parent, members in remote.items():
-        fs, p = fsutil._fs(spark, parent)
-        listed = {normalize_path(s.getPath().toString()): (int(s.getLen()),
-                                                           int(s.getModificationTime()))
-                  for s in fs.listStatus(p)}
-        for f in members:
-            out[f] = listed.get(f, (-1, -1))
-    return [out[f] for f in files]
-
-
-def describe_input_change(old: dict | None, new: dict) -> str:
-    """Why a word table's input fingerprint does not match (one clause for a log line)."""
-    if not old:
-        return "the word table was counted without an input fingerprint (an older spark-bpe)"
-    return (f"the input changed since the word table was counted ({old.get('files')} files, "
-            f"{old.get('bytes')} bytes then; {new['files']} files, {new['bytes']} bytes now)")
 
 
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
@@ -1197,14 +739,14 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
                     and "OutOfMemory" not in str(exc):
                 raise
             log.warning("partial counts too big for the driver (%s); merging with Spark "
-                        "instead (set count_merge = spark)", _first_line(exc))
+                        "instead (set count_merge = spark)", first_line(exc))
             counts.phase = "merging the partial counts (spark)"
         else:
             merged, stats = merge_partials(collected, n_files)
             del collected
             t_count = time.time()
             log.info("merged the partial counts on the driver in %.1f s", t_count - t_counted)
-            _write_table(spark, merged, fsutil.join(tmp, "data"))
+            write_table_data(spark, merged, fsutil.join(tmp, "data"))
             return merged, stats, merged.num_rows, t_count
     stats, unique_words, t_count = _merge_with_spark(partials.as_frame(), n_files, tmp,
                                                      t_counted)
@@ -1241,36 +783,15 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
         )
     stats["seconds"] = round(time.time() - t0, 3)
     stats["files"] = len(files)
-    meta = {
-        "format": "spark-bpe word table",
-        "version": WORD_TABLE_VERSION,
-        "input": cfg.input,
-        "input_format": cfg.input_format,
-        "input_table": cfg.input_table,
-        "input_weights": list(cfg.input_weights),
-        "input_fingerprint": fingerprint,
-        "text_column": cfg.text_column,
-        "files": len(files),
-        "pretokenizer": {
-            "pattern": spec.pattern,
-            "special_tokens": list(spec.special_tokens),
-            "lowercase": spec.lowercase,
-            "normalization": spec.normalization,
-        },
-        "max_word_bytes": cfg.max_word_bytes,
-        "special_tokens_cut": SPECIAL_TOKENS_CUT,
-        "unique_words": stats["unique_words"],
-        "stats": {k: stats[k] for k in ("rows", "words", "bytes", "unique_words")},
-        "left_out": {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
-                                                      "rows_with_long_words")},
-                     "unreadable_files": stats["skipped_files"]},
-    }
-    if merged is not None:
-        meta["digest"] = table_digest(merged)
-    fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
-    fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
-    fsutil.write_text(spark, fsutil.join(tmp, "config.json"), cfg.to_json())
-    fsutil.replace_dir(spark, tmp, cfg.output)
+    source = {"input": cfg.input, "input_format": cfg.input_format,
+              "input_table": cfg.input_table, "input_weights": list(cfg.input_weights),
+              "input_fingerprint": fingerprint, "files": len(files)}
+    left_out = {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
+                                                "rows_with_long_words")},
+                "unreadable_files": stats["skipped_files"]}
+    meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, source, left_out,
+                           None if merged is None else table_digest(merged))
+    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json())
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
@@ -1284,27 +805,3 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
     return WordTable(cfg.output, meta, merged)
 
 
-def open_word_table(spark: SparkSession, path: str) -> WordTable:
-    """Open a word table written by :func:`count_words`, checking its version."""
-    meta_path = fsutil.join(path, "word_table.json")
-    if not fsutil.exists(spark, meta_path):
-        raise ConfigError(
-            f"config key 'words': {path} is not a word table (no word_table.json); "
-            "make one with jobs/count_words.py"
-        )
-    try:
-        meta = json.loads(fsutil.read_text(spark, meta_path))
-    except ValueError:
-        raise ConfigError(
-            f"config key 'words': {meta_path} is corrupt; recreate the table with "
-            "jobs/count_words.py"
-        ) from None
-    if (meta.get("format") != "spark-bpe word table"
-            or meta.get("version") not in READABLE_VERSIONS):
-        raise ConfigError(
-            f"config key 'words': {path} has format {meta.get('format')!r} version "
-            f"{meta.get('version')!r}; this build reads versions {READABLE_VERSIONS}. "
-            "Recreate it with jobs/count_words.py"
-        )
-    meta.setdefault("max_word_bytes", 0)  # v1 tables were counted without a cap
-    return WordTable(path, meta)

@@ -19,9 +19,10 @@ upper bound, position lower bound, id) and is fixed lazily when an entry reaches
 
 Memory, per symbol of the word table: tok, nxt, prv and pid are 4 bytes each (8 for indices
 past 2**31), w 2 bytes, and the position buffer holds about 1-2 entries of 4 bytes; per
-registered pair 32 bytes (count, buffer range lo/hi: int64; tokens pa/pb: int32). The arrays
-come from an :class:`Arrays` allocator: in memory on the driver, memory-mapped files in an
-executor's scratch directory for the Spark engine (``engines/partition.py``).
+registered pair 32 bytes (count, buffer range lo/hi: int64; its tokens pair_left/pair_right:
+int32). The arrays come from an :class:`Arrays` allocator: in memory on the driver,
+memory-mapped files in an executor's scratch directory for the Spark engine
+(``engines/partition.py``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import heapq
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 
-from pipeline.bpe import Merge
+from pipeline.bpe import BaseVocab, Merge
 from pipeline.order import NO_POSITION, heap_entry, pack_pair, pack_pairs, unpack_pair
 
 SMALL = 12  # pairs with at most this many stored positions are merged in plain Python
@@ -39,6 +41,25 @@ HEAP_START = 4096  # the heap starts with the pairs counted at least as often as
 MIN_CAPACITY = 1024  # smallest position buffer and pair arrays
 BIG = 0xFFFF  # w[p] == BIG: the word's count is at least BIG, kept in big_count
 _CHUNK = 1 << 20  # positions per step of the initial passes (bounds their temporaries)
+
+
+def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
+                    unknown: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The initial symbols of a binary Arrow array of words, flat: (ids, lengths). For the
+    ``bytes`` alphabet the ids are a uint8 view of the words' bytes (no copy); for ``chars``
+    int32 ids from :meth:`BaseVocab.symbols` (``unknown``: the id of a character not in it,
+    else KeyError)."""
+    words = words.combine_chunks() if isinstance(words, pa.ChunkedArray) else words
+    if base.alphabet == "bytes":
+        offsets = np.frombuffer(words.buffers()[1], dtype=np.int32)[
+            words.offset : words.offset + len(words) + 1]
+        data = np.frombuffer(words.buffers()[2], dtype=np.uint8)
+        return data[offsets[0] : offsets[-1]], np.diff(offsets).astype(np.int64)
+    seqs = [base.symbols(w.decode("utf-8", "surrogateescape"), unknown)
+            for w in words.to_pylist()]
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
 
 
 def group_sum(
@@ -91,7 +112,7 @@ class Arrays:
 
 POSITION_ARRAYS = ("tok", "nxt", "prv", "pid", "w")
 WORD_ARRAYS = ("big_start", "big_count")  # words counted BIG times or more
-PAIR_ARRAYS = ("cnt", "lo", "hi", "pa", "pb")
+PAIR_ARRAYS = ("cnt", "lo", "hi", "pair_left", "pair_right")
 SCALARS = ("n", "base_size", "n_ids", "buf_len", "n_segments", "total_tokens", "live_tokens",
            "n_big", "n_words")
 
@@ -99,7 +120,7 @@ SCALARS = ("n", "base_size", "n_ids", "buf_len", "n_segments", "total_tokens", "
 class FlatMergeState:
     """Words laid end to end, with linked token starts and the append-only pair store.
 
-    Per pair id: exact count ``cnt``, tokens ``pa``/``pb``, and its stored positions
+    Per pair id: exact count ``cnt``, tokens ``pair_left``/``pair_right``, and its stored positions
     ``buf[lo:hi]`` (sorted; ``lo`` advances past dead entries). ``seg[j]`` is the first id
     registered by the j-th registration: 0 is the initial layout, j + 1 the merge that
     created token ``base_size + j``.
@@ -209,8 +230,8 @@ class FlatMergeState:
         lo = start[present]
         self.lo[:m] = lo
         self.hi[:m] = lo + sizes
-        self.pa[:m] = present // base
-        self.pb[:m] = present % base
+        self.pair_left[:m] = present // base
+        self.pair_right[:m] = present % base
         # counts and pid, _CHUNK stored positions at a time (a pair may span several steps)
         owner_end = lo + sizes
         self.cnt[:m] = 0
@@ -331,7 +352,8 @@ class FlatMergeState:
         self.lo[first_id : first_id + m] = base + starts
         self.hi[first_id : first_id + m] = base + starts + sizes
         self.cnt[first_id : first_id + m] = sums
-        self.pa[first_id : first_id + m], self.pb[first_id : first_id + m] = unpack_pair(uniq)
+        new = slice(first_id, first_id + m)
+        self.pair_left[new], self.pair_right[new] = unpack_pair(uniq)
         self.pid[spos] = np.repeat(ids, sizes)
         self.n_ids = first_id + m
         if self.journal is not None:
@@ -348,10 +370,10 @@ class FlatMergeState:
         lo, hi = int(self.seg[j]), int(self.seg[j + 1])
         if j == 0:
             if self._seg0_keys is None:
-                self._seg0_keys = pack_pairs(self.pa[lo:hi], self.pb[lo:hi])
+                self._seg0_keys = pack_pairs(self.pair_left[lo:hi], self.pair_right[lo:hi])
             keys = self._seg0_keys
         else:
-            keys = pack_pairs(self.pa[lo:hi], self.pb[lo:hi])
+            keys = pack_pairs(self.pair_left[lo:hi], self.pair_right[lo:hi])
         k = pack_pair(a, b)
         at = int(np.searchsorted(keys, k))
         return lo + at if at < len(keys) and int(keys[at]) == k else None
@@ -414,7 +436,7 @@ class FlatMergeState:
         # index arrays as intp once (numpy would convert int32 indices on every use)
         stored = self.buf[lo:hi].astype(np.intp)
         first = stored[pid[stored] == i]  # live occurrences, ascending
-        if len(first) > 1 and self.pa[i] == self.pb[i]:
+        if len(first) > 1 and self.pair_left[i] == self.pair_right[i]:
             first = _left_to_right(first, nxt)
         second = nxt[first].astype(np.intp)
         left = prv[first].astype(np.intp)
@@ -513,7 +535,7 @@ class FlatMergeState:
             pid[qs] = i
             self.lo[i], self.hi[i] = at, at + len(qs)
             self.cnt[i] = c
-            self.pa[i], self.pb[i] = unpack_pair(k)
+            self.pair_left[i], self.pair_right[i] = unpack_pair(k)
             at += len(qs)
             ids.append(i)
             sums.append(c)
@@ -631,7 +653,7 @@ class LocalTrainer:
 
     def _apply(self, i: int, count: int) -> Merge:
         st = self.state
-        a, b = int(st.pa[i]), int(st.pb[i])
+        a, b = int(st.pair_left[i]), int(st.pair_right[i])
         removed, (ids, sums, firsts) = st.apply_id(i, self.next_id)
         self._push(ids, sums, firsts)
         return self._record(a, b, count, removed)
@@ -642,7 +664,7 @@ class LocalTrainer:
     def best_pair(self, max_token_bytes: int | None = None) -> tuple[int, int] | None:
         """(pair id, count) of the pair the sequential trainer merges next, or None."""
         heap, state = self.heap, self.state
-        cnt, pa, pb = state.cnt, state.pa, state.pb
+        cnt, lefts, rights = state.cnt, state.pair_left, state.pair_right
         tl = self.token_len
         while True:
             if not heap or -heap[0][0] < self.floor:
@@ -658,7 +680,7 @@ class LocalTrainer:
                 else:
                     self._pop()
                 continue
-            if max_token_bytes is not None and tl[pa[i]] + tl[pb[i]] > max_token_bytes:
+            if max_token_bytes is not None and tl[lefts[i]] + tl[rights[i]] > max_token_bytes:
                 self._pop()  # never mergeable; its count only falls from here
                 continue
             real = state.first_live(i)

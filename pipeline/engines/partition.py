@@ -62,7 +62,7 @@ class PartitionLost(RuntimeError):
 def current_pairs(st: FlatMergeState, part: int, offset: int) -> PairDeltas:
     """Every pair the partition has now, as deltas from nothing (the initial count)."""
     ids = np.flatnonzero(st.cnt[: st.n_ids] > 0)
-    keys = pack_pairs(st.pa[ids], st.pb[ids])
+    keys = pack_pairs(st.pair_left[ids], st.pair_right[ids])
     order = np.argsort(keys, kind="stable")
     ids, keys = ids[order], keys[order]
     pos = st.first_live_many(ids) + offset
@@ -87,7 +87,7 @@ def apply_batch(st: FlatMergeState, batch: Batch, part: int, offset: int) -> Pai
     uid, sums, _, _ = group_sum(ids, d)
     changed = sums != 0
     uid, sums = uid[changed], sums[changed]
-    keys = pack_pairs(st.pa[uid], st.pb[uid])
+    keys = pack_pairs(st.pair_left[uid], st.pair_right[uid])
     order = np.argsort(keys, kind="stable")
     uid, keys, sums = uid[order], keys[order], sums[order]
     pos = np.full(len(uid), NO_POSITION, dtype=np.int64)

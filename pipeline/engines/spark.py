@@ -30,7 +30,9 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
+from pipeline.bpe import BaseVocab
 from pipeline.engines.deltas import PairDeltas, combine
+from pipeline.engines.local import initial_symbols
 from pipeline.engines.partition import (
     Batch,
     PartitionLost,
@@ -43,28 +45,6 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20  # word bytes per chunk record
 HISTORY_EVERY = 25  # rounds between broadcasts of the whole merge history
-
-
-def symbols_of(words: pa.Array, char_ids: dict[str, int] | None, suffix_id: int | None
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Initial symbols of a binary Arrow array of words: (flat ids, lengths)."""
-    words = words.combine_chunks() if isinstance(words, pa.ChunkedArray) else words
-    if char_ids is None:
-        offsets = np.frombuffer(words.buffers()[1], dtype=np.int32)[
-            words.offset : words.offset + len(words) + 1
-        ]
-        data = np.frombuffer(words.buffers()[2], dtype=np.uint8)
-        flat = data[offsets[0] : offsets[-1]]  # a view: the bytes are the symbols
-        return flat, np.diff(offsets).astype(np.int64)
-    seqs = []
-    for w in words.to_pylist():
-        s = [char_ids[ch] for ch in w.decode("utf-8", "surrogateescape")]
-        if suffix_id is not None:
-            s.append(suffix_id)
-        seqs.append(s)
-    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
-    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(lengths.sum()))
-    return flat, lengths
 
 
 def _chunker(chunk_bytes: int):
@@ -116,17 +96,17 @@ class SparkPartitions:
     """The working set as partition states on the executors (see the module docstring)."""
 
     def __init__(self, spark: SparkSession, words: DataFrame, num_partitions: int,
-                 char_ids: dict[str, int] | None, suffix_id: int | None, base_size: int,
+                 base: BaseVocab,
                  replay: list[tuple[int, int]] | None = None, chunk_bytes: int = CHUNK_BYTES):
         self.sc = spark.sparkContext
         self.run = uuid.uuid4().hex[:12]
-        self.base_size = base_size
+        self.base_size = base.size
         self.history = np.asarray(replay or [], dtype=np.int64).reshape(-1, 2)
         self.gen = len(self.history)
         self.rounds = 0
         self.rebuilds = 0
         self.chunk_count = 0
-        self._ids = self.sc.broadcast((char_ids, suffix_id))
+        self._base = self.sc.broadcast(base)
         parts = num_partitions or self.sc.defaultParallelism
         chunks = (words.select("word", "count", "first_seen")
                   .repartitionByRange(parts, "first_seen").sortWithinPartitions("first_seen")
@@ -147,7 +127,7 @@ class SparkPartitions:
 
     # -- holders -------------------------------------------------------------------------------
     def _build_holders(self, hist_bc):
-        run, base, ids_bc = self.run, self.base_size, self._ids
+        run, base, vocab_bc = self.run, self.base_size, self._base
 
         def build(index: int, blobs: Iterator[bytes]) -> Iterator[tuple[int, int]]:
             store = PartitionStore(run, index)
@@ -161,8 +141,7 @@ class SparkPartitions:
             table = _read_chunks(blobs)
             if table is None:
                 return
-            cids, sid = ids_bc.value
-            flat, lengths = symbols_of(table.column("word"), cids, sid)
+            flat, lengths = initial_symbols(vocab_bc.value, table.column("word"))
             st = store.build(flat, lengths, table.column("count").to_numpy(), base, history)
             yield index, st.n
 
@@ -290,8 +269,8 @@ class SparkPartitions:
             log.warning("could not remove the partition states: %s", str(exc).splitlines()[0])
         self.holders.unpersist(blocking=False)
         self.chunks.unpersist(blocking=False)
-        for b in [*self._old_bcs, self._hist_bc, self._ids]:
+        for b in [*self._old_bcs, self._hist_bc, self._base]:
             b.unpersist(blocking=False)
 
 
-__all__ = ["SparkPartitions", "symbols_of", "CHUNK_BYTES"]
+__all__ = ["SparkPartitions", "CHUNK_BYTES"]

@@ -1,0 +1,386 @@
+"""What the count reads: a corpus's sources listed in corpus order (without the JVM for local
+Parquet, else through Spark's readers), its files' fingerprint, the Arrow reader's slices, and
+the one-line errors for unreadable files. Corpus order (sources in the order given, files by
+path, rows in file order) is what ``first_seen`` records (docs/DESIGN.md section 1)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import heapq
+import os
+import re
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.utils import AnalysisException
+
+from pipeline import fsutil
+from pipeline.config import Config, ConfigError
+from pipeline.spark_session import start_session
+
+UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
+
+
+def normalize_path(path: str) -> str:
+    """One spelling per file: Spark writes ``file:/x`` in one place and ``file:///x`` in another."""
+    u = urlparse(path)
+    scheme = u.scheme or "file"
+    return f"{scheme}://{u.netloc}{unquote(u.path)}"
+
+
+def read_corpus(spark: SparkSession, path: str, text_column: str,
+                ignore_corrupt: bool = False) -> tuple[DataFrame, list[str]]:
+    """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
+    job's input). ``ignore_corrupt``: Spark's own ``spark.sql.files.ignoreCorruptFiles``."""
+    if ignore_corrupt:
+        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
+    cfg = Config(input=path, text_column=text_column)
+    df, files, _, _ = _read_source(spark, cfg, path, None)
+    if not files:
+        raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
+    return df, files
+
+
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+               pa.types.is_large_binary)
+
+
+def corrupt_file_error(path: str, reason: str, can_skip: bool = True) -> ConfigError:
+    """``can_skip``: the job takes --ignore-corrupt-files (the count does, encode does not:
+    every row of its input gets its ids)."""
+    what = ("or pass --ignore-corrupt-files to skip unreadable files" if can_skip
+            else "then rerun")
+    return ConfigError(f"config key 'input': {path} is not a readable Parquet file ({reason}); "
+                       f"fix or remove it, {what}")
+
+
+def list_local_corpus(path: str, text_column: str,
+                      footers: dict[str, pq.FileMetaData] | None = None,
+                      skipped: list[str] | None = None) -> list[str] | None:
+    """The files of a local corpus listed without the JVM (as :func:`read_corpus` lists them),
+    when that is unambiguous: one Parquet file, or a directory that holds only files (names
+    starting with ``_`` or ``.`` skipped, as Spark does). None lets Spark list and validate:
+    globs, nested or partitioned directories, other filesystems, a missing column or one that
+    is not text. A file whose Parquet footer cannot be read is an error naming it, or, with
+    ``skipped`` given (``ignore_corrupt_files``), left out and added to ``skipped``.
+    ``footers``, if given, receives each listed file's Parquet metadata (read once, for
+    :func:`plan_slices`)."""
+    if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
+        return None
+    local = os.path.abspath(fsutil.local_path(path))
+    if os.path.isfile(local):
+        candidates = [local]
+    elif os.path.isdir(local):
+        entries = [e for e in os.scandir(local) if not e.name.startswith(("_", "."))]
+        if not entries or not all(e.is_file() for e in entries):
+            return None
+        candidates = [e.path for e in entries]
+    else:
+        return None
+    read: dict[str, pq.FileMetaData] = {}
+    for f in candidates:
+        try:
+            meta = pq.ParquetFile(f).metadata
+            schema = meta.schema.to_arrow_schema()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+            if skipped is None:
+                raise corrupt_file_error(f, first_line(exc)) from None
+            skipped.append(normalize_path("file://" + f))
+            continue
+        i = schema.get_field_index(text_column)
+        if i < 0 or not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
+            return None
+        read[normalize_path("file://" + f)] = meta
+    if footers is not None:
+        footers.update(read)
+    if not read:
+        raise ConfigError(f"config key 'input': no readable Parquet files under {path} "
+                          f"({len(skipped or [])} unreadable ones skipped)")
+    return sorted(read)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class ReadSlice:
+    """Consecutive row groups of one local Parquet file, read in a task with pyarrow."""
+
+    file_index: int
+    path: str  # a local path
+    row_groups: tuple[int, ...]
+    first_row: int  # index in the file of the first row of the first row group
+    nbytes: int
+    num_rows: int = 0
+
+
+def plan_slices(files: list[str], text_column: str, tasks: int,
+                footers: dict[str, pq.FileMetaData] | None = None
+                ) -> list[list[ReadSlice]] | None:
+    """Row groups of local ``files`` dealt to ``tasks`` tasks of about equal size (largest
+    first, each to the least loaded task), each task's slices in corpus order. None when a file
+    lacks ``text_column`` as a top-level column (Spark's reader then handles it, e.g. with
+    nulls for files that miss the column). ``footers``: metadata already read, by file."""
+    slices: list[ReadSlice] = []
+    for fidx, f in enumerate(files):
+        path = fsutil.local_path(f)
+        meta = (footers or {}).get(f) or pq.ParquetFile(path).metadata
+        if text_column not in meta.schema.to_arrow_schema().names:
+            return None
+        first = 0
+        for rg in range(meta.num_row_groups):
+            group = meta.row_group(rg)
+            slices.append(ReadSlice(fidx, path, (rg,), first, group.total_byte_size,
+                                    group.num_rows))
+            first += group.num_rows
+    n = max(1, min(tasks, len(slices)))
+    loads = [(0, t) for t in range(n)]
+    plan: list[list[ReadSlice]] = [[] for _ in range(n)]
+    for s in sorted(slices, key=lambda s: (-s.nbytes, s.file_index, s.first_row)):
+        load, t = heapq.heappop(loads)
+        plan[t].append(s)
+        heapq.heappush(loads, (load + s.nbytes, t))
+    for task in plan:
+        task.sort(key=lambda s: (s.file_index, s.first_row))
+    return plan
+
+
+@dataclass
+class Corpus:
+    """What the count reads, in corpus order: the sources in the order given (``input``
+    split at commas, or the one table or DataFrame), the files of each source by path.
+    ``keys[i]`` is file i's (source index, path); ``weights[i]`` its source's weight."""
+
+    files: list[str]
+    keys: list[tuple[int, str]]
+    weights: list[int]
+    df: DataFrame | None = None  # Spark's reader: (text, source, path, block, row)
+    footers: dict[str, pq.FileMetaData] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def _source_weights(cfg: Config, n: int) -> list[int]:
+    return list(cfg.input_weights) if cfg.input_weights else [1] * n
+
+
+def list_local_sources(cfg: Config, footers: dict[str, pq.FileMetaData],
+                       skipped: list[str] | None) -> Corpus | None:
+    """The corpus listed without the JVM: local Parquet sources only (else None)."""
+    if cfg.count_reader == "spark" or cfg.input_format != "parquet" or cfg.input_table:
+        return None
+    weights = _source_weights(cfg, len(cfg.inputs))
+    corpus = Corpus([], [], [], footers=footers, skipped=skipped or [])
+    for i, source in enumerate(cfg.inputs):
+        files = list_local_corpus(source, cfg.text_column, footers, skipped)
+        if files is None:
+            return None
+        corpus.files += files
+        corpus.keys += [(i, f) for f in files]
+        corpus.weights += [weights[i]] * len(files)
+    return corpus
+
+
+def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> Corpus:
+    """The corpus through Spark's readers (any format, a catalog table, or a DataFrame)."""
+    if cfg.ignore_corrupt_files:
+        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
+    if frame is not None:
+        names = ["a DataFrame"]
+    else:
+        names = [cfg.input_table] if cfg.input_table else cfg.inputs
+    weights = _source_weights(cfg, len(names))
+    corpus = Corpus([], [], [])
+    frames = []
+    for i, name in enumerate(names):
+        df, files, block, row = _read_source(spark, cfg, name, frame)
+        frames.append(df.select(F.col(cfg.text_column).alias("text"),
+                                F.lit(i).cast("int").alias("source"),
+                                (F.col("_metadata.file_path") if frame is None and files != [name]
+                                 else F.lit(name)).alias("path"),
+                                block.cast("long").alias("block"),
+                                row.cast("long").alias("row")))
+        corpus.files += files
+        corpus.keys += [(i, normalize_path(f)) for f in files]
+        corpus.weights += [weights[i]] * len(files)
+    corpus.df = functools.reduce(DataFrame.unionByName, frames)
+    return corpus
+
+
+def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None
+                 ) -> tuple[DataFrame, list[str], Column, Column]:
+    """One source: its DataFrame, its files in path order, and the columns that order its
+    rows: (block, row) = (0, row index in the file) for Parquet; (split start, None: numbered
+    in the task) for other file formats; (Spark partition, None) for a DataFrame or a table
+    without files."""
+    what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
+    try:
+        if frame is not None:
+            df = frame
+        elif cfg.input_table:
+            df = spark.table(name)
+        elif cfg.input_format == "csv":
+            df = spark.read.option("header", True).option("multiLine", True).csv(name)
+        elif cfg.input_format == "text":
+            df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
+        else:
+            df = spark.read.format(cfg.input_format).load(name)
+    except AnalysisException as exc:
+        msg = first_line(exc)
+        if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
+            raise ConfigError(f"{what}: path does not exist: {name}") from None
+        if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
+            raise ConfigError(f"config key 'input_format': Spark has no {cfg.input_format!r} "
+                              "reader here (delta needs the delta-spark package: spark-submit "
+                              "--packages io.delta:delta-spark_2.13:<version>)") from None
+        if "TABLE_OR_VIEW_NOT_FOUND" in msg:
+            raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
+        raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
+    except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
+        named = unreadable_file_error(exc)
+        if named is not None:
+            raise named from None
+        raise ConfigError(f"{what}: cannot read {name}: {first_line(exc)}") from None
+    _check_text_column(df, cfg.text_column, name)
+    files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
+    if frame is not None or not files:  # no files to order by: Spark's partitions, in order
+        if frame is None and cfg.input_table:
+            raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "
+                              "table); read it into a DataFrame and use pipeline.api")
+        return df, [name], F.spark_partition_id(), F.lit(None)
+    parquet = cfg.input_format == "parquet" and not cfg.input_table
+    if not parquet:
+        try:  # a catalog table stored as Parquet still has row indices
+            df.select("_metadata.row_index").schema  # noqa: B018 - resolves the column
+            parquet = True
+        except AnalysisException:
+            parquet = False
+    if parquet:
+        return df, files, F.lit(0), F.col("_metadata.row_index")
+    return df, files, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _check_text_column(df: DataFrame, text_column: str, name: str) -> None:
+    if text_column not in df.columns:
+        raise ConfigError(
+            f"config key 'text_column': column {text_column!r} not in {name} "
+            f"(columns: {', '.join(df.columns)})"
+        )
+    dtype = df.schema[text_column].dataType
+    if not isinstance(dtype, (T.StringType, T.BinaryType)):
+        raise ConfigError(
+            f"config key 'text_column': column {text_column!r} is {dtype.simpleString()}, "
+            "not string or binary"
+        )
+
+
+def arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
+                footers: dict[str, pq.FileMetaData] | None = None
+                ) -> list[list[ReadSlice]] | None:
+    """The tasks of the Arrow reader, or None to let Spark's Parquet scan feed the tasks.
+
+    ``count_reader = auto`` reads local files with pyarrow inside the tasks: the JVM then only
+    schedules them, instead of decoding Parquet and converting rows to Arrow (work a fresh JVM
+    does slowly until its JIT has warmed up). Other filesystems go through Spark."""
+    if cfg.count_reader == "spark":
+        return None
+    local = all(fsutil.is_local(f) for f in files)
+    if not local:
+        if cfg.count_reader == "arrow":
+            raise ConfigError("config key 'count_reader' = 'arrow' reads local files only; "
+                              f"{cfg.input} is not local: use 'auto' or 'spark'")
+        return None
+    tasks = cfg.num_partitions or 2 * spark.sparkContext.defaultParallelism
+    plan = plan_slices(files, cfg.text_column, tasks, footers)
+    if plan is None and cfg.count_reader == "arrow":
+        raise ConfigError(f"config key 'count_reader' = 'arrow': some files under {cfg.input} "
+                          f"have no top-level column {cfg.text_column!r}; use 'spark'")
+    return plan
+
+
+def unreadable_file_error(exc: BaseException, can_skip: bool = True) -> ConfigError | None:
+    """A read (count, encode) that failed on a corrupt input file, as one line naming the
+    file (exit 2); None for any other failure."""
+    text = str(exc)
+    m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
+    if m:
+        return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip)
+    m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
+    if m:
+        cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
+                 or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
+        why = cause.group(1) if cause else m.group(1).replace("_", " ").lower()
+        return corrupt_file_error(m.group(2), why.strip(), can_skip)
+    return None
+
+
+def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, pq.FileMetaData]]:
+    """The input's files in corpus order, listed as the count lists them (without the JVM for
+    local Parquet), and the Parquet footers read on the way."""
+    footers: dict[str, pq.FileMetaData] = {}
+    corpus = list_local_sources(cfg, footers, [] if cfg.ignore_corrupt_files else None)
+    if corpus is None:
+        start_session(spark)
+        corpus = read_sources(spark, cfg)
+    return corpus.files, footers
+
+
+def input_fingerprint(spark: SparkSession, files: list[str],
+                      footers: dict[str, pq.FileMetaData] | None = None) -> dict:
+    """What the count read, summarised: every file's path, size and modification time (and,
+    for local files, its Parquet footer's row count). Two listings with the same digest are the
+    same input as far as anything short of reading every byte can tell; a shard added, removed,
+    rewritten or touched changes it."""
+    statuses = _file_statuses(spark, files)
+    entries = []
+    for f, (size, mtime) in zip(files, statuses):
+        rows = None
+        if fsutil.is_local(f):
+            meta = (footers or {}).get(f)
+            with contextlib.suppress(Exception):  # an unreadable footer: size and time only
+                meta = meta or pq.ParquetFile(fsutil.local_path(f)).metadata
+            rows = None if meta is None else meta.num_rows
+        entries.append(f"{f}\t{size}\t{mtime}\t{'' if rows is None else rows}")
+    return {
+        "files": len(files),
+        "bytes": sum(size for size, _ in statuses),
+        "digest": hashlib.sha256("\n".join(entries).encode()).hexdigest()[:32],
+    }
+
+
+def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int]]:
+    """(size in bytes, modification time) of each file: os.stat for local files; for others
+    one Hadoop listing per parent directory (an object store answers a listing with the
+    sizes and times of all its keys, instead of one request per file)."""
+    out: dict[str, tuple[int, int]] = {}
+    remote: dict[str, list[str]] = {}
+    for f in files:
+        if fsutil.is_local(f):
+            st = os.stat(fsutil.local_path(f))
+            out[f] = (st.st_size, st.st_mtime_ns)
+        else:
+            remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
+    for parent, members in remote.items():
+        fs, p = fsutil._fs(spark, parent)
+        listed = {normalize_path(s.getPath().toString()): (int(s.getLen()),
+                                                           int(s.getModificationTime()))
+                  for s in fs.listStatus(p)}
+        for f in members:
+            out[f] = listed.get(f, (-1, -1))
+    return [out[f] for f in files]
+
+
+def describe_input_change(old: dict | None, new: dict) -> str:
+    """Why a word table's input fingerprint does not match (one clause for a log line)."""
+    if not old:
+        return "the word table was counted without an input fingerprint (an older spark-bpe)"
+    return (f"the input changed since the word table was counted ({old.get('files')} files, "
+            f"{old.get('bytes')} bytes then; {new['files']} files, {new['bytes']} bytes now)")

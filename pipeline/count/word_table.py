@@ -1,0 +1,198 @@
+"""The word table ``(word, count, first_seen)`` on disk: its schema, format version and
+metadata, content digest, and how it is written, opened and read back on the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipeline import fsutil
+from pipeline.config import ConfigError
+from pipeline.pretokenize import PretokenizerSpec
+
+WORD_TABLE_VERSION = 2  # v2: max_word_bytes, input_fingerprint (v1 is read as "no cap")
+READABLE_VERSIONS = (1, 2)
+WORD_TABLE_FORMAT = "spark-bpe word table"
+WORD_TABLE_COLUMNS = ("word", "count", "first_seen")  # word: bytes; count, first_seen: int64
+WORD_TABLE_SCHEMA = T.StructType([
+    T.StructField(name, T.BinaryType() if name == "word" else T.LongType(), False)
+    for name in WORD_TABLE_COLUMNS])
+WORD_TABLE_ARROW_SCHEMA = pa.schema([
+    pa.field(name, pa.binary() if name == "word" else pa.int64(), nullable=False)
+    for name in WORD_TABLE_COLUMNS])
+
+
+# where special tokens are found: tables without this key cut them after normalization and
+# lowercasing, which differs when those make or unmake a special-token string
+SPECIAL_TOKENS_CUT = "before normalization"
+
+
+def table_digest(table: pa.Table) -> str:
+    """A content digest of a word table: the XOR over rows of
+    ``crc32(word) << 32 ^ count ^ first_seen << 16`` (64-bit), and the row count. The same
+    value comes from Spark with :func:`spark_table_digest` (tests hold them equal)."""
+    words = table.column("word").to_pylist()
+    crc = np.fromiter(map(zlib.crc32, words), dtype=np.uint64, count=len(words))
+    h = ((crc << np.uint64(32)) ^ table.column("count").to_numpy().astype(np.uint64)
+         ^ (table.column("first_seen").to_numpy().astype(np.uint64) << np.uint64(16)))
+    return format_digest(int(np.bitwise_xor.reduce(h)) if len(h) else 0, len(words))
+
+
+def spark_table_digest() -> tuple[Column, Column]:
+    """The aggregate columns of :func:`table_digest` for a word-table DataFrame: (xor, rows);
+    format them with :func:`format_digest`."""
+    h = (F.shiftleft(F.crc32("word"), 32).bitwiseXOR(F.col("count"))
+         .bitwiseXOR(F.shiftleft(F.col("first_seen"), 16)))
+    return F.bit_xor(h), F.count(F.lit(1))
+
+
+def format_digest(xor: int | None, rows: int) -> str:
+    return f"c{(int(xor or 0)) & (2**64 - 1):016x}-{int(rows)}"
+
+
+def write_table_data(spark: SparkSession, table: pa.Table, path: str) -> None:
+    """Write a word table made on the driver: directly when local, through Spark otherwise."""
+    if fsutil.is_local(path):
+        local = fsutil.local_path(path)
+        os.makedirs(local, exist_ok=True)
+        pq.write_table(table, os.path.join(local, "part-00000.parquet"))
+    else:
+        spark.createDataFrame(table).write.parquet(path)
+
+
+def iter_arrow(df: DataFrame) -> Iterator[pa.RecordBatch]:
+    """``df``'s rows on the driver as Arrow batches, brought over one partition at a time: the
+    driver JVM holds one partition's rows at once, never the whole table (``toArrow`` and
+    ``collect`` gather every partition in the JVM heap first, which is what ran a 1 GB default
+    driver out of memory on a 6 M-word table)."""
+
+    def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            if b.num_rows:
+                yield pa.RecordBatch.from_arrays([pa.array([arrow_ipc([b], b.schema)],
+                                                           pa.binary())], ["ipc"])
+
+    for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(prefetchPartitions=True):
+        yield from pa.ipc.open_stream(row["ipc"])
+
+
+def collect_arrow(df: DataFrame) -> pa.Table:
+    """``df`` on the driver as one Arrow table (:func:`iter_arrow`)."""
+    batches = list(iter_arrow(df))
+    return pa.Table.from_batches(batches) if batches else df.limit(0).toArrow()
+
+
+def read_word_table(spark: SparkSession, wt: WordTable,
+                    columns: Sequence[str] = WORD_TABLE_COLUMNS) -> pa.Table:
+    """The word table's rows on the driver, sorted by first_seen: read with pyarrow when it is
+    on a local filesystem (no JVM involved), else through Spark a partition at a time."""
+    if fsutil.is_local(wt.data_path):
+        local = fsutil.local_path(wt.data_path)
+        files = sorted(os.path.join(local, f) for f in os.listdir(local)
+                       if f.endswith(".parquet") and not f.startswith((".", "_")))
+        table = pa.concat_tables([pq.read_table(f, columns=list(columns)) for f in files]) \
+            if files else collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
+    else:
+        table = collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
+    return table.sort_by("first_seen") if "first_seen" in columns else table
+
+
+@dataclass
+class WordTable:
+    """A word table on disk: ``<dir>/data`` (Parquet) + ``word_table.json`` + ``stats.json``.
+
+    ``table``: the same rows in memory (sorted by first_seen) when the count was merged on the
+    driver in this process, so training need not read them back through Spark."""
+
+    path: str
+    meta: dict
+    table: pa.Table | None = None
+
+    @property
+    def data_path(self) -> str:
+        return fsutil.join(self.path, "data")
+
+
+def open_word_table(spark: SparkSession, path: str) -> WordTable:
+    """Open a word table written by :func:`count_words`, checking its version."""
+    meta_path = fsutil.join(path, "word_table.json")
+    if not fsutil.exists(spark, meta_path):
+        raise ConfigError(
+            f"config key 'words': {path} is not a word table (no word_table.json); "
+            "make one with jobs/count_words.py"
+        )
+    try:
+        meta = json.loads(fsutil.read_text(spark, meta_path))
+    except ValueError:
+        raise ConfigError(
+            f"config key 'words': {meta_path} is corrupt; recreate the table with "
+            "jobs/count_words.py"
+        ) from None
+    if (meta.get("format") != WORD_TABLE_FORMAT
+            or meta.get("version") not in READABLE_VERSIONS):
+        raise ConfigError(
+            f"config key 'words': {path} has format {meta.get('format')!r} version "
+            f"{meta.get('version')!r}; this build reads versions {READABLE_VERSIONS}. "
+            "Recreate it with jobs/count_words.py"
+        )
+    meta.setdefault("max_word_bytes", 0)  # v1 tables were counted without a cap
+    return WordTable(path, meta)
+
+
+def arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:
+    """Record batches as one Arrow IPC stream (bytes the JVM passes through untouched)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    return sink.getvalue().to_pybytes()
+
+
+def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: int,
+                    stats: dict, source: dict, left_out: dict | None = None,
+                    digest: str | None = None) -> dict:
+    """``word_table.json``: the format, where the words came from (``source``: the input and
+    its fingerprint, or the external table), the settings that made them (part of every
+    checkpoint's fingerprint), what they add up to and what was left out."""
+    meta = {
+        "format": WORD_TABLE_FORMAT,
+        "version": WORD_TABLE_VERSION,
+        **source,
+        "text_column": text_column,
+        "pretokenizer": {
+            "pattern": spec.pattern,
+            "special_tokens": list(spec.special_tokens),
+            "lowercase": spec.lowercase,
+            "normalization": spec.normalization,
+        },
+        "max_word_bytes": max_word_bytes,
+        "special_tokens_cut": SPECIAL_TOKENS_CUT,
+        "unique_words": stats["unique_words"],
+        "stats": {k: stats[k] for k in ("rows", "words", "bytes", "unique_words")},
+        "left_out": {"long_words": 0, "long_word_bytes": 0, "rows_with_long_words": 0,
+                     "unreadable_files": [], **(left_out or {})},
+    }
+    if digest is not None:
+        meta["digest"] = digest
+    return meta
+
+
+def publish_word_table(spark: SparkSession, tmp: str, dest: str, meta: dict, stats: dict,
+                       config_json: str | None = None) -> None:
+    """Write the metadata files next to the data already under ``tmp`` and move the whole
+    table to ``dest`` in one step (``word_table.json`` is what marks it complete)."""
+    fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
+    fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
+    if config_json is not None:
+        fsutil.write_text(spark, fsutil.join(tmp, "config.json"), config_json)
+    fsutil.replace_dir(spark, tmp, dest)
