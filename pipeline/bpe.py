@@ -169,7 +169,11 @@ def tokens_after(
 
 def encode_symbols(symbols: Sequence[int], ranks: dict[tuple[int, int], int]) -> list[int]:
     """Encode one word's initial symbols: repeatedly merge the adjacent pair of lowest rank
-    (equivalent to replaying the merges in training order). ``ranks[(a, b)]`` is the new id."""
+    (equivalent to replaying the merges in training order). ``ranks[(a, b)]`` is the new id.
+
+    This is the definition, kept apart from the encoder's fast paths on purpose
+    (``encoder.bpe_encode``: a scan, a heap, numpy groups, over ranks that may differ from
+    ids) so that the tests compare them with it rather than with themselves."""
     toks = list(symbols)
     while len(toks) > 1:
         best_rank = None

@@ -54,6 +54,7 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import read_corpus, unreadable_file_error
 from pipeline.encoder import EncodeError, Tokenizer
+from pipeline.lease import Lease
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
 from pipeline.progress import Progress
@@ -453,6 +454,19 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
     check_encode_config(cfg, spark)
     plan = load_plan(spark, cfg)
     src, keys = _source(spark, cfg)
+    with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "encode job") as lease:
+        summary = _encode_and_publish(spark, cfg, plan, src, keys, t0, lease)
+    stats = summary["stats"]
+    log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
+             "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
+             stats["bytes_per_token"] or 0, stats["tokens_per_word"] or 0, stats["seconds"])
+    return EncodeResult(cfg.output, summary)
+
+
+def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFrame,
+                        keys: list[str], t0: float, lease: Lease) -> dict:
+    """Encode into a staging directory and move it into place with its ``_encode.json``
+    (unless another job took the output's lease meanwhile); returns that summary."""
     tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
     log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
@@ -472,11 +486,9 @@ def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
                "stats": stats}
     fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
+    lease.check()
     fsutil.replace_dir(spark, tmp, cfg.output)
-    log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
-             "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
-             stats["bytes_per_token"] or 0, stats["tokens_per_word"] or 0, stats["seconds"])
-    return EncodeResult(cfg.output, summary)
+    return summary
 
 
 def _source(spark: SparkSession, cfg: Config) -> tuple[DataFrame, list[str]]:

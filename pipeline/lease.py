@@ -46,14 +46,32 @@ class LeaseHeld(ConfigError):
 
 
 class Lease:
-    def __init__(self, spark, directory: str, timeout: float, purpose: str = "run"):
+    """The lease ``directory/name`` (``.lease.json`` of a run directory by default; see
+    :meth:`beside` for an output that is replaced whole)."""
+
+    def __init__(self, spark, directory: str, timeout: float, purpose: str = "run",
+                 name: str = NAME):
         self.spark, self.dir, self.timeout, self.purpose = spark, directory, timeout, purpose
-        self.path = fsutil.join(directory, NAME)
+        self.path = fsutil.join(directory, name)
+        self.held = directory  # what the error names
         self.me = {"host": socket.gethostname(), "pid": os.getpid(),
                    "started": _iso(_now()), "id": uuid.uuid4().hex}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = False  # set when another run took the lease (this one must stop)
+
+    @classmethod
+    def beside(cls, spark, output: str, timeout: float, purpose: str) -> Lease:
+        """The lease of an output directory that is written elsewhere and moved into place
+        whole (a word table, an encoded corpus): ``.<name>.lease.json`` next to it, where
+        replacing the directory cannot remove it."""
+        trimmed = output.rstrip("/")
+        cut = trimmed.rfind("/")
+        parent = trimmed[:cut] if cut > 0 and trimmed[cut - 1] not in ":/" else trimmed[:cut + 1]
+        lease = cls(spark, parent or ".", timeout, purpose,
+                    f".{trimmed[cut + 1:]}.lease.json")
+        lease.held = output
+        return lease
 
     # -- the file ----------------------------------------------------------------------------------
     def _record(self) -> str:
@@ -91,20 +109,20 @@ class Lease:
             why = self._gone(holder)
             if not why:
                 raise LeaseHeld(
-                    f"{self.dir} is in use by another {self.purpose} (host {holder.get('host')}, "
+                    f"{self.held} is in use by another {self.purpose} (host {holder.get('host')}, "
                     f"pid {holder.get('pid')}, started {holder.get('started')}, last seen "
                     f"{_now() - float(holder.get('renewed', 0)):,.0f} s ago); wait for it to "
                     f"finish, or, if it is gone, delete {self.path} (a lease not renewed for "
                     f"lease_timeout_seconds = {self.timeout:g} is taken over by itself)")
             log.warning("taking over the lease of %s from host %s pid %s (started %s): %s",
-                        self.dir, holder.get("host"), holder.get("pid"), holder.get("started"),
+                        self.held, holder.get("host"), holder.get("pid"), holder.get("started"),
                         why)
             fsutil.write_text(self.spark, self.path, self._record())
             time.sleep(0.2)  # a concurrent taker writes too: the last writer wins, check
             if (self._read() or {}).get("id") == self.me["id"]:
                 break
         else:
-            raise LeaseHeld(f"could not take the lease of {self.dir} ({self.path})")
+            raise LeaseHeld(f"could not take the lease of {self.held} ({self.path})")
         self._thread = threading.Thread(target=self._renew, name="spark-bpe-lease",
                                         daemon=True)
         self._thread.start()
@@ -115,18 +133,18 @@ class Lease:
             holder = self._read()
             if holder is not None and holder.get("id") != self.me["id"]:
                 self.lost = True
-                log.error("the lease of %s was taken by host %s pid %s", self.dir,
+                log.error("the lease of %s was taken by host %s pid %s", self.held,
                           holder.get("host"), holder.get("pid"))
                 return
             try:
                 fsutil.write_text(self.spark, self.path, self._record())
             except Exception as exc:  # noqa: BLE001 - a failed renewal is retried next time
-                log.warning("could not renew the lease of %s: %s", self.dir, exc)
+                log.warning("could not renew the lease of %s: %s", self.held, exc)
 
     def check(self) -> None:
         """Raise if another run took this lease (call before publishing)."""
         if self.lost:
-            raise LeaseHeld(f"another run took over {self.dir} while this one ran; "
+            raise LeaseHeld(f"another run took over {self.held} while this one ran; "
                             "this run stops without publishing")
 
     def release(self) -> None:

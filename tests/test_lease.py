@@ -1,13 +1,18 @@
-"""One run per run directory: the lease (no JVM; the real-process test is in test_faults)."""
+"""One run per run directory or output: the lease (no JVM, but for the last test; the
+spark-submit test of overlapping training runs is in test_faults)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline.lease import NAME, Lease, LeaseHeld
@@ -63,3 +68,84 @@ def test_a_lease_taken_away_stops_the_run_before_it_publishes(tmp_path):
         lease.check()
     lease.release()
     assert json.loads((tmp_path / NAME).read_text())["id"] == "thief"  # not removed
+
+
+def test_an_output_replaced_whole_has_its_lease_beside_it(tmp_path):
+    """Word tables and encoded corpora are written elsewhere and moved into place: their lease
+    is ``.<name>.lease.json`` next to them, so replacing the directory cannot remove it."""
+    out = tmp_path / "words"
+    lease = Lease.beside(None, str(out), timeout=60, purpose="word count").acquire()
+    assert lease.path == str(tmp_path / ".words.lease.json") and os.path.exists(lease.path)
+    try:
+        with pytest.raises(LeaseHeld, match=f"^{out}/ is in use by another word count "):
+            Lease.beside(None, f"{out}/", timeout=60, purpose="word count").acquire()
+        Lease(None, str(out), timeout=60).acquire().release()  # a different lease
+    finally:
+        lease.release()
+    assert not os.path.exists(lease.path)
+    for output, path in [("x", "./.x.lease.json"), ("/a/b", "/a/.b.lease.json"),
+                         ("/x", "/.x.lease.json"), ("file:/a/b", "file:/a/.b.lease.json"),
+                         ("s3a://bucket/x", "s3a://bucket/.x.lease.json"),
+                         ("hdfs://nn:8020/p/q/", "hdfs://nn:8020/p/.q.lease.json")]:
+        assert Lease.beside(None, output, 60, "t").path == path
+
+
+HOLDER = """
+import sys
+from pipeline.lease import Lease
+lease = Lease.beside(None, sys.argv[1], 60, sys.argv[2]).acquire()
+print("held", flush=True)
+sys.stdin.read()  # until the test closes stdin
+lease.release()
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(output: Path, purpose: str):
+    """A live process on this host that holds ``output``'s lease: yields its pid."""
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(output), purpose],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "held"
+        yield p.pid
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        assert p.wait(30) == 0
+
+
+@pytest.mark.spark
+def test_count_and_encode_refuse_an_output_another_process_holds(spark, tmp_path):
+    """Two real processes: while one holds the output of a word count or an encode job, the
+    other refuses, naming the holder's pid, and writes nothing; once it is gone, both run."""
+    from pipeline.config import Config
+    from pipeline.count.word_count import count_words
+    from pipeline.encode_corpus import encode_corpus
+
+    from .test_exports import train_in_memory
+
+    texts = [f"row {i} of some text, and more text" for i in range(200)]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in" / "part-0.parquet")
+    words = tmp_path / "words"
+    count_cfg = Config(input=str(tmp_path / "in"), output=str(words))
+    with held_by_another_process(words, "word count") as pid:
+        with pytest.raises(LeaseHeld, match=f"^{words} is in use by another word count "
+                                            f"\\(host [^,]+, pid {pid}, started "):
+            count_words(spark, count_cfg)
+        assert not words.exists()
+    count_words(spark, count_cfg)
+    assert (words / "word_table.json").exists()
+    assert not (tmp_path / ".words.lease.json").exists()
+
+    train_in_memory(texts, tmp_path / "run", vocab_size=300)
+    enc = tmp_path / "enc"
+    encode_cfg = Config(input=str(tmp_path / "in"), tokenizer=str(tmp_path / "run"),
+                        output=str(enc))
+    with held_by_another_process(enc, "encode job") as pid:
+        with pytest.raises(LeaseHeld, match=f"^{enc} is in use by another encode job "
+                                            f"\\(host [^,]+, pid {pid}, "):
+            encode_corpus(spark, encode_cfg)
+        assert not enc.exists() and not list(tmp_path.glob("enc.tmp-*"))
+    assert encode_corpus(spark, encode_cfg).stats["stats"]["rows"] == len(texts)
+    assert not (tmp_path / ".enc.lease.json").exists()

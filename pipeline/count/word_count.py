@@ -58,6 +58,7 @@ from pipeline.count.word_table import (
     word_table_meta,
     write_table_data,
 )
+from pipeline.lease import Lease
 from pipeline.memory import choose_count_merge, driver_budget, driver_fetch_limit
 from pipeline.pretokenize import (
     FirstSeenLayout,
@@ -636,7 +637,8 @@ def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) 
 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
                 frame: DataFrame | None = None) -> WordTable:
-    """Run the word-count stage and write the word table to ``cfg.output`` atomically, with
+    """Run the word-count stage and write the word table to ``cfg.output`` atomically (holding
+    the output's lease, :meth:`pipeline.lease.Lease.beside`, throughout), with
     heartbeats while it runs (rows and bytes the tasks have read, see
     :class:`pipeline.spark_session.TaskCounts`; tasks done from Spark's status tracker). ``frame``:
     count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
@@ -645,16 +647,19 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
                                     bar=cfg.progress_bar)
     sc = spark.sparkContext
-    counts = TaskCounts.create(sc)
-    try:
-        with job_group(sc, "count") as group, progress.stage(
-                "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
-            wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, frame)
-            counts.phase = ""
-            st = wt.meta["stats"]
-            stage.update(note=f"{st['unique_words']:,} distinct words, {st['words']:,} words")
-    finally:
-        counts.close()
+    with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "word count") as lease:
+        counts = TaskCounts.create(sc)
+        try:
+            with job_group(sc, "count") as group, progress.stage(
+                    "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
+                wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, frame)
+                counts.phase = ""
+                st = wt.meta["stats"]
+                stage.update(note=f"{st['unique_words']:,} distinct words, "
+                                  f"{st['words']:,} words")
+        finally:
+            counts.close()
+        lease.check()
     return wt
 
 
