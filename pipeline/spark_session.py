@@ -146,6 +146,11 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
         if cfg.shuffle_partitions or not user_shuffle:
             shuffle = cfg.shuffle_partitions or max(2, 2 * session.sparkContext.defaultParallelism)
             session.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+        why = ("config key 'shuffle_partitions'" if cfg.shuffle_partitions
+               else "spark-submit" if user_shuffle else "unset: 2 per core")
+        logging.getLogger("pipeline.spark_session").info(
+            "Spark SQL session: spark.sql.shuffle.partitions = %s (%s)",
+            session.conf.get("spark.sql.shuffle.partitions"), why)
 
     if deferred:
         from pyspark import SparkConf

@@ -15,9 +15,12 @@ procs = pytest.fixture(name="procs")(process_groups)
 @pytest.mark.spark
 def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs):
     """As scripts/quickstart.sh runs it (SPARK_CONF_DIR=conf/spark): no JVM INFO lines before
-    the job's first line; --name and --conf settings are the application's, not ours."""
+    the job's first line; --name and --conf settings are the application's, not ours (the
+    shuffle partitions as the SQL session that read the corpus had them)."""
     run = tmp_path / "run"
-    p = submit(["--output", str(run), "--vocab-size", "300"], tmp_path, "quick",
+    p = submit(["--output", str(run), "--vocab-size", "300",
+                "--count-reader", "spark"],  # Spark SQL reads: the session is made
+               tmp_path, "quick",
                submit_args=["--name", "nightly-tokenizer",
                             "--conf", "spark.sql.shuffle.partitions=7"],
                env=job_env(SPARK_CONF_DIR=str(REPO / "conf" / "spark")))
@@ -30,4 +33,5 @@ def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs)
     assert re.search(r"INFO pipeline\.spark_session: Spark application 'nightly-tokenizer' "
                      r"\(local-\d+\), master local\[2\]", p.log())
     assert '"shuffle_partitions": 0' in p.log()  # the resolved config is logged, one line
+    assert "spark.sql.shuffle.partitions = 7 (spark-submit)" in p.log()
     assert p.last_line() == f"trained 43 merges: tokenizer written to {run}"
