@@ -4,6 +4,8 @@ reference encoder's, statistics are recomputed independently, bad input is one l
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,10 +105,12 @@ def read_output(path: Path) -> pa.Table:
 
 @pytest.mark.parametrize("engine", ["tiktoken", "reference"])
 def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out, tmp_path,
-                                                        engine):
+                                                        engine, caplog):
+    """... and the stage's heartbeats (issue 14) say how many tasks, rows and bytes are done."""
     out = tmp_path / "enc"
     cfg = Config(input=str(held_out), tokenizer=str(run_dir), output=str(out),
-                 encode_engine=engine, num_partitions=3)
+                 encode_engine=engine, num_partitions=3, heartbeat_seconds=0.05)
+    caplog.set_level(logging.INFO, logger="pipeline.progress")
     res = encode_corpus(spark, cfg)
     table = read_output(out)
     assert table.column_names == ["doc_id", "lang", "ids"]
@@ -135,6 +139,13 @@ def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out
     assert st["engine"] == engine and st["partitions"] == 3
     on_disk = json.loads((out / "_encode.json").read_text())
     assert on_disk["stats"] == st and on_disk["tokenizer"] == str(run_dir)
+    beats = [r.getMessage() for r in caplog.records if r.name == "pipeline.progress"
+             and r.getMessage().startswith("encode: ")]
+    assert beats[0] == "encode: started" and beats[-1].startswith("encode: done in "), beats
+    assert any(b.endswith(" elapsed") for b in beats[1:-1]), beats  # a Spark job lasts > 0.05 s
+    assert re.search(rf"; (\d+)/\1 tasks, rows {st['rows']:,}, ", beats[-1]), beats[-1]
+    kb = f"{n_bytes / 1e3:.1f} kB read" if n_bytes < 1e6 else f"{n_bytes / 1e6:.1f} MB read"
+    assert kb in beats[-1], beats[-1]
 
 
 def test_special_tokens_policy_and_auto_keys(spark, run_dir, tmp_path):
