@@ -19,23 +19,8 @@ from pipeline.encode_corpus import encode_corpus
 from pipeline.encoder import Tokenizer
 from pipeline.train import train
 
-from .conftest import EN_DOCS, MULTILINGUAL, REPO, SAMPLE
-from .test_exports import EOT, corpus_rows, train_in_memory
-
-# Without the shared corpora these tests (all but the en-docs parity one) still run: the
-# shipped sample stands in for en-docs, and these rows for the multilingual corpus.
-OTHER_SCRIPTS = ["Größe und Übermaß — ça coûte 12,50 € à Zürich.", "Привет, мир! Как дела?",
-                 "日本語のテキストと漢字、カタカナ。", "مرحبا بالعالم، كيف حالك؟",
-                 "Γειά σου κόσμε· τι κάνεις;", "हिन्दी में कुछ पाठ।", "emoji 🙂🚀 mixed ✓"]
-
-
-def rows_of(corpus: Path, shard: str, max_bytes: int) -> list[str]:
-    """Rows of a shared corpus, or of its stand-in when the shared corpora are absent."""
-    if corpus.exists():
-        return corpus_rows(corpus, shard, max_bytes)
-    if corpus == EN_DOCS:
-        return corpus_rows(SAMPLE, shard, max_bytes)
-    return [f"{t} {i}" for i in range(200) for t in OTHER_SCRIPTS]
+from .conftest import EN_DOCS, MULTILINGUAL, REPO
+from .test_exports import EOT, rows_of, train_in_memory
 
 pytestmark = pytest.mark.spark
 

@@ -43,7 +43,7 @@ from pipeline.encoder import (
 from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, fast_pattern
 
 from .conftest import EN_DOCS, need_module
-from .test_exports import EOT, corpus_rows, train_in_memory
+from .test_exports import EOT, rows_of, train_in_memory
 
 tiktoken = need_module("tiktoken")
 
@@ -102,7 +102,7 @@ def training_texts() -> list[str]:
                               for _ in range(20)))
         extra.append(" ".join("".join(rng.choices(PUNCT, k=rng.randint(2, 6)))
                               for _ in range(20)))
-    return corpus_rows(EN_DOCS, "part-00000.parquet", 150_000) + extra
+    return rows_of(EN_DOCS, "part-00000.parquet", 150_000) + extra
 
 
 @pytest.fixture(scope="module", params=["cl100k", "gpt2", "o200k"])
@@ -323,7 +323,7 @@ def test_long_word_paths_agree_on_real_text(run_dir: Path):
     merge, the heap and tiktoken's own BPE give the same ids."""
     ref = Tokenizer.load(str(run_dir))
     tk = batch_encoder(run_dir).tk
-    text = "".join(corpus_rows(EN_DOCS, "part-00001.parquet", 200_000))
+    text = "".join(rows_of(EN_DOCS, "part-00001.parquet", 200_000))
     for word in (text.encode()[:200_000], b"a" * 100_001, b" " * 50_001, b"ab" * 30_000):
         syms = list(word)
         expected = tk._encode_single_piece(word)
@@ -346,7 +346,7 @@ def test_encode_job_with_pathological_rows(tmp_path: Path):
     run = tmp_path / "run"
     train_in_memory(training_texts(), run, "cl100k", 1200, (EOT,))
     rows = pathological_rows()
-    texts = [p for t in corpus_rows(EN_DOCS, "part-00001.parquet", 40_000)
+    texts = [p for t in rows_of(EN_DOCS, "part-00001.parquet", 40_000)
              for p in t.split("\n\n") if p.strip()][:100]
     texts[3:3] = [rows["spaces"], rows["letters"][:2_000_000], rows["punct"]]
     (tmp_path / "in").mkdir()

@@ -32,7 +32,7 @@ from pipeline.report import (
 )
 
 from .conftest import MULTILINGUAL, REPO, need
-from .test_exports import EOT, corpus_rows, train_in_memory
+from .test_exports import EOT, rows_of, train_in_memory
 
 
 def _load_render_script():
@@ -48,12 +48,12 @@ def _load_render_script():
 def trained(tmp_path_factory):
     """A multilingual run, its exact per-merge token counts, and held-out rows."""
     d = tmp_path_factory.mktemp("report")
-    texts = corpus_rows(MULTILINGUAL, "part-00000.parquet", 300_000)
+    texts = rows_of(MULTILINGUAL, "part-00000.parquet", 300_000)
     tok = train_in_memory(texts, d, "cl100k", 1500, (EOT,))
     pre = Pretokenizer(PretokenizerSpec("cl100k", (EOT,)))
     table, _ = count_files(pre, [(0, texts)])
     total = sum(len(w) * c for w, c, _ in table)
-    held = corpus_rows(MULTILINGUAL, "part-00002.parquet", 40_000)
+    held = rows_of(MULTILINGUAL, "part-00002.parquet", 40_000)
     return tok, texts, held, total, d
 
 
