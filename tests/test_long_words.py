@@ -338,9 +338,10 @@ def test_long_word_paths_agree_on_real_text(run_dir: Path):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_encode_job_with_pathological_rows(tmp_path: Path):
-    """jobs/encode.py on normal rows plus a 2 M space row (tiktoken panics on it), 2 M ``a``
-    and 5 M punctuation marks: the job succeeds, every row has the reference encoder's ids,
-    and _encode.json counts the two rows that went to the reference encoder."""
+    """jobs/encode.py on normal rows plus the four pathological rows of issue 10 (2 M spaces,
+    which tiktoken panics on, 20 M ``a``, 5 M digits, 5 M punctuation marks): the job
+    succeeds, every row has the reference encoder's ids, and _encode.json counts the two rows
+    that went to the reference encoder."""
     from .test_encode_job import read_output, run_encode_job
 
     run = tmp_path / "run"
@@ -348,7 +349,7 @@ def test_encode_job_with_pathological_rows(tmp_path: Path):
     rows = pathological_rows()
     texts = [p for t in rows_of(EN_DOCS, "part-00001.parquet", 40_000)
              for p in t.split("\n\n") if p.strip()][:100]
-    texts[3:3] = [rows["spaces"], rows["letters"][:2_000_000], rows["punct"]]
+    texts[3:3] = [rows["spaces"], rows["letters"], rows["digits"], rows["punct"]]
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"doc": list(range(len(texts))), "text": texts}),
                    tmp_path / "in" / "part-0.parquet")
