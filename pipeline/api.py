@@ -11,6 +11,7 @@ any program, without the command line.
     ids = run.tokenizer().encode("hello world")
     words = api.count_words("data/sample", output="out/words")
     api.encode("data/sample", tokenizer=run.dir, output="out/ids")
+    api.encode(spark.table("docs"), tokenizer=run.dir, output="out/doc-ids", text_column="body")
 
 Every keyword is a config key (``spark-submit jobs/train.py --help`` lists them, with their
 defaults); a wrong key or value raises :class:`pipeline.config.ConfigError` before any Spark
@@ -148,18 +149,18 @@ def count_words(corpus: str | list[str] | DataFrame, *, output: str,
             session.stop()
 
 
-def encode(corpus: str, *, tokenizer: str, output: str, spark: SparkSession | None = None,
-           **options: Any) -> dict:
-    """Encode a Parquet corpus with a trained run into ``output``; returns the summary that
-    ``_encode.json`` holds (rows, bytes, tokens, bytes per token, ...)."""
+def encode(corpus: str | list[str] | DataFrame, *, tokenizer: str, output: str,
+           spark: SparkSession | None = None, **options: Any) -> dict:
+    """Encode ``corpus`` (a Parquet path, several, or a DataFrame with ``text_column``) with a
+    trained run into ``output``; returns the summary that ``_encode.json`` holds (rows, bytes,
+    tokens, bytes per token, ...). The other columns are carried as keys (``key_columns``);
+    without any, the file and row of a Parquet row, or a DataFrame row's Spark id."""
     from pipeline.encode_corpus import encode_corpus
 
-    if not isinstance(corpus, str):
-        raise ConfigError("encode: the corpus must be a Parquet path")
-    cfg, _ = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
+    cfg, frame = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
     session, started = _session(cfg, spark, "spark-bpe api encode")
     try:
-        return encode_corpus(session, cfg).stats
+        return encode_corpus(session, cfg, frame).stats
     finally:
         if started:
             session.stop()

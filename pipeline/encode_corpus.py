@@ -34,6 +34,7 @@ Parquet) costs 0.4-1.1x the CPU of the encoding itself on the benchmark inputs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -52,7 +53,7 @@ from pyspark.sql import types as T
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
-from pipeline.count.corpus import read_corpus, unreadable_file_error
+from pipeline.count.corpus import check_text_column, read_corpus, unreadable_file_error
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
@@ -98,16 +99,19 @@ def _local(path: str) -> str | None:
     return fsutil.local_path(path) if fsutil.is_local(path) else None
 
 
-def check_encode_config(cfg: Config, spark: SparkSession | None = None) -> None:
+def check_encode_config(cfg: Config, spark: SparkSession | None = None,
+                        frame: bool = False) -> None:
     """Everything about an encode job that can be checked without reading the corpus. Local
-    paths are checked without Spark; with ``spark``, any Hadoop filesystem."""
+    paths are checked without Spark; with ``spark``, any Hadoop filesystem. ``frame``: the
+    corpus is a DataFrame (``pipeline.api``), not ``input``."""
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(msg)
 
     need(cfg.tokenizer != "", "config key 'tokenizer': give a trained run directory "
                               "(--tokenizer RUN_DIR)")
-    need(cfg.input != "", "config key 'input': give the Parquet corpus to encode (--input PATH)")
+    need(cfg.input != "" or frame,
+         "config key 'input': give the Parquet corpus to encode (--input PATH)")
     need(cfg.special_in_text in SPECIAL_MODES,
          f"config key 'special_in_text' must be one of {SPECIAL_MODES}, "
          f"not {cfg.special_in_text!r}")
@@ -120,10 +124,10 @@ def check_encode_config(cfg: Config, spark: SparkSession | None = None) -> None:
     need(len(set(cfg.key_columns)) == len(cfg.key_columns), "config key 'key_columns' has "
                                                             "duplicates")
     out = cfg.output.rstrip("/")
-    for key in ("input", "tokenizer"):
-        other = getattr(cfg, key).rstrip("/")
+    for key, given in [*(("input", p) for p in cfg.inputs), ("tokenizer", cfg.tokenizer)]:
+        other = given.rstrip("/")
         need(out != other and not other.startswith(out + "/") and not out.startswith(other + "/"),
-             f"config key 'output': {cfg.output} overlaps --{key} {getattr(cfg, key)}")
+             f"config key 'output': {cfg.output} overlaps --{key} {given}")
     if spark is None and _local(cfg.tokenizer) is None:
         return
     try:
@@ -447,13 +451,15 @@ def _scan_bytes(df) -> int | None:
         return None
 
 
-def encode_corpus(spark: SparkSession, cfg: Config) -> EncodeResult:
-    """Encode ``cfg.input`` with the run at ``cfg.tokenizer`` into ``cfg.output``: check, read,
-    encode into a staging directory, then publish it with ``_encode.json``."""
+def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = None
+                  ) -> EncodeResult:
+    """Encode ``cfg.input`` (one or several Parquet corpora, comma-separated) or ``frame`` (any
+    DataFrame with ``text_column``) with the run at ``cfg.tokenizer`` into ``cfg.output``:
+    check, read, encode into a staging directory, then publish it with ``_encode.json``."""
     t0 = time.time()
-    check_encode_config(cfg, spark)
+    check_encode_config(cfg, spark, frame=frame is not None)
     plan = load_plan(spark, cfg)
-    src, keys = _source(spark, cfg)
+    src, keys = _source(spark, cfg, frame)
     with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "encode job") as lease:
         summary = _encode_and_publish(spark, cfg, plan, src, keys, t0, lease)
     stats = summary["stats"]
@@ -468,7 +474,8 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
     """Encode into a staging directory and move it into place with its ``_encode.json``
     (unless another job took the output's lease meanwhile); returns that summary."""
     tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
-    log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input, cfg.tokenizer,
+    log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input or "a DataFrame",
+             cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
     try:
         stats = _encode_into(spark, cfg, plan, src, keys, tmp)
@@ -480,7 +487,8 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
         raise unreadable from None
     stats["seconds_total"] = round(time.time() - t0, 3)
     stats["engine"] = plan.engine
-    summary = {"format": "spark-bpe encoded corpus", "version": 1, "input": cfg.input,
+    summary = {"format": "spark-bpe encoded corpus", "version": 1,
+               "input": cfg.input or "a DataFrame",
                "tokenizer": cfg.tokenizer, "text_column": cfg.text_column,
                "key_columns": keys, "ids_column": cfg.ids_column,
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
@@ -491,26 +499,46 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
     return summary
 
 
-def _source(spark: SparkSession, cfg: Config) -> tuple[DataFrame, list[str]]:
-    """The text and the key columns to carry (default: every other column; the input file
-    and row when the text is the only one), spread over the cores when the input is one
-    large partition."""
-    df, _ = read_corpus(spark, cfg.input, cfg.text_column)
+def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
+                ) -> tuple[list[DataFrame], str]:
+    """The corpus as DataFrames (one per source, same columns), and its name for errors."""
+    if frame is not None:
+        check_text_column(frame, cfg.text_column, "the DataFrame")
+        return [frame], "the DataFrame"
+    frames = [read_corpus(spark, path, cfg.text_column)[0] for path in cfg.inputs]
+    if len({tuple(f.columns) for f in frames}) > 1:
+        raise ConfigError(f"config key 'input': the corpora {cfg.input} have different "
+                          "columns; encode them one at a time")
+    return frames, cfg.input
+
+
+def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None
+            ) -> tuple[DataFrame, list[str]]:
+    """The text and the key columns to carry (default: every other column; when the text is
+    the only one, the input file and row, or for a DataFrame a row id), spread over the cores
+    when the input is one large partition."""
+    frames, name = _read_input(spark, cfg, frame)
+    columns = frames[0].columns
     keys = list(cfg.key_columns)
     for k in keys:
-        if k not in df.columns:
-            raise ConfigError(f"config key 'key_columns': column {k!r} not in {cfg.input} "
-                              f"(columns: {', '.join(df.columns)})")
+        if k not in columns:
+            raise ConfigError(f"config key 'key_columns': column {k!r} not in {name} "
+                              f"(columns: {', '.join(columns)})")
         if k == cfg.text_column:
             raise ConfigError(f"config key 'key_columns': {k!r} is the text column")
     if not keys:
-        keys = [c for c in df.columns if c != cfg.text_column]
+        keys = [c for c in columns if c != cfg.text_column]
     if keys:
-        src = df.select(F.col(cfg.text_column), *(F.col(k) for k in keys))
+        extra = [F.col(k) for k in keys]
+    elif frame is not None:  # no files: Spark's row ids (partition, then row within it)
+        keys = ["row"]
+        extra = [F.monotonically_increasing_id().alias("row")]
     else:
         keys = list(AUTO_KEYS)
-        src = df.select(F.col(cfg.text_column), F.col("_metadata.file_path").alias("file"),
-                        F.col("_metadata.row_index").alias("row"))
+        extra = [F.col("_metadata.file_path").alias("file"),
+                 F.col("_metadata.row_index").alias("row")]
+    src = functools.reduce(DataFrame.unionByName,
+                           [f.select(F.col(cfg.text_column), *extra) for f in frames])
     if cfg.ids_column in keys:
         raise ConfigError(f"config key 'ids_column': {cfg.ids_column!r} is also a key column; "
                           "choose another name (--ids-column NAME)")
@@ -519,7 +547,7 @@ def _source(spark: SparkSession, cfg: Config) -> tuple[DataFrame, list[str]]:
     else:  # one file with one row group is one partition: share it out, unless it is tiny
         cores = spark.sparkContext.defaultParallelism
         if (src.rdd.getNumPartitions() < cores
-                and (_scan_bytes(df) or 0) >= REPARTITION_MIN_BYTES):
+                and sum(_scan_bytes(f) or 0 for f in frames) >= REPARTITION_MIN_BYTES):
             src = src.repartition(cores)
     return src, keys
 

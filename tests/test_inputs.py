@@ -182,7 +182,8 @@ def test_a_malformed_external_table_is_one_config_error(tmp_path):
 
 
 def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
-    """pipeline.api with a path, a DataFrame and a word table: the same merges as the job."""
+    """pipeline.api with a path, a DataFrame and a word table: the same merges as the job;
+    encode with a path, a list of paths and a DataFrame: the same ids."""
     from pipeline import api
     from pipeline.config import ConfigError
 
@@ -206,6 +207,24 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     assert (tmp_path / "w" / "merges.txt").read_text().splitlines() == ours
     summary = api.encode(str(SAMPLE), tokenizer=run.dir, output=str(tmp_path / "ids"))
     assert summary["stats"]["rows"] == 564 and summary["stats"]["tokens"] > 0
+    # encode alike: a list of paths and a DataFrame give the same ids as the path
+    by_path = pq.read_table(tmp_path / "ids").sort_by([("file", "ascending"),
+                                                       ("row", "ascending")])
+    expected = [run.tokenizer().encode(t) for f in sorted(SAMPLE.glob("*.parquet"))
+                for t in pq.read_table(f).column("text").to_pylist()]
+    assert by_path.column("ids").to_pylist() == expected
+    files = [str(f) for f in sorted(SAMPLE.glob("*.parquet"))]
+    listed = api.encode(files, tokenizer=run.dir, output=str(tmp_path / "ids-list"))
+    assert listed["stats"]["tokens"] == summary["stats"]["tokens"]
+    assert listed["input"] == ",".join(files)
+    by_list = pq.read_table(tmp_path / "ids-list").sort_by([("file", "ascending"),
+                                                            ("row", "ascending")])
+    assert by_list.column("ids").to_pylist() == expected
+    framed = api.encode(frame.select("text"), tokenizer=run.dir,
+                        output=str(tmp_path / "ids-frame"))
+    assert framed["input"] == "a DataFrame" and framed["key_columns"] == ["row"]
+    by_frame_ids = pq.read_table(tmp_path / "ids-frame").sort_by("row")
+    assert by_frame_ids.column("ids").to_pylist() == expected
     with pytest.raises(ConfigError, match="unknown config key 'vocab_sise'"):
         api.train(str(SAMPLE), output=str(tmp_path / "x"), vocab_sise=500)
     del again

@@ -249,7 +249,7 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
         if named is not None:
             raise named from None
         raise ConfigError(f"{what}: cannot read {name}: {first_line(exc)}") from None
-    _check_text_column(df, cfg.text_column, name)
+    check_text_column(df, cfg.text_column, name)
     files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
     if frame is not None or not files:  # no files to order by: Spark's partitions, in order
         if frame is None and cfg.input_table:
@@ -268,7 +268,7 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
     return df, files, F.col("_metadata.file_block_start"), F.lit(None)
 
 
-def _check_text_column(df: DataFrame, text_column: str, name: str) -> None:
+def check_text_column(df: DataFrame, text_column: str, name: str) -> None:
     if text_column not in df.columns:
         raise ConfigError(
             f"config key 'text_column': column {text_column!r} not in {name} "
