@@ -427,6 +427,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
         write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
     t_report = time.time()
     with progress.stage("report"):
+        faults.at("report")  # tests: heartbeats while the report is made
         write_report(spark, cfg, tok, tokens_left,
                      prep.words() if base.alphabet != "bytes" else None, prep.total_tokens)
     stages["report"] = round(time.time() - t_report, 3)

@@ -483,13 +483,19 @@ def test_heartbeats_reach_the_log_and_progress_jsonl_under_spark_submit(corpus, 
     run = tmp_path / "run"
     p = submit(["--input", str(corpus), "--output", str(run), "--vocab-size", "400",
                 "--heartbeat-seconds", "0.5", "--progress-bar"], tmp_path, "beats",
-               env=job_env(SPARK_BPE_INJECT="merges=pause:3"))
+               env=job_env(SPARK_BPE_INJECT="merges=pause:3;count_task=pause:1.5;"
+                                            "report=pause:1.5"))
     procs.append(p)
     assert p.wait(180) == 0, p.tail()
     log = p.out()
     beats = re.findall(r"INFO pipeline\.progress: merges: 0/143 merges \(0%\), engine local, "
                        r"[\d.]+ s elapsed", log)
     assert len(beats) >= 4, log[-3000:]  # the 3 s pause, one line every 0.5 s
+    # while the count's tasks run (each pauses 1.5 s first): rows out of all and tasks
+    count_beats = re.findall(r"INFO pipeline\.progress: count: [\d,]+/[\d,]+ rows \(\d+%\), "
+                             r".*tasks \d+/\d+, .*[\d.]+ s elapsed", log)
+    assert len(count_beats) >= 2, log[-3000:]
+    assert len(re.findall(r"INFO pipeline\.progress: report: [\d.]+ s elapsed", log)) >= 2
     for stage in ("count", "prepare", "merges", "outputs", "report"):
         assert f"pipeline.progress: {stage}: started" in log
         assert re.search(rf"pipeline\.progress: {stage}: done in [\d.]+ s", log), stage

@@ -33,7 +33,7 @@ from pyspark import RDD, Accumulator, AccumulatorParam, SparkContext, StorageLev
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline import fsutil
+from pipeline import faults, fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import (
     UNREADABLE,
@@ -93,6 +93,7 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
     which one task reads in order: (file, block, row) is then still the corpus order."""
 
     def count_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        faults.at("count_task")  # tests: heartbeats while the tasks run
         pre = Pretokenizer(spec)
         counters: dict[tuple[int, int], WordCounter] = {}
         report = counts.reporter(TaskContext.get().partitionId())
@@ -142,6 +143,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
     """The Arrow-reader task: read these row groups with pyarrow and count their words. One
     counter per source weight (the slices come in corpus order). ``report``: told the rows
     and bytes read so far after every batch."""
+    faults.at("count_task")  # tests: heartbeats while the tasks run
     pre = Pretokenizer(spec)
     counters: dict[int, WordCounter] = {}
     unreadable: set[int] = set()
