@@ -11,6 +11,9 @@ scale corpus (29.2 M symbols) and 29.3 on the 4 GB one (66.7 M; BENCHMARKS.md, "
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
 import re
 from dataclasses import dataclass
@@ -172,3 +175,32 @@ def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
 def fits_driver(tokens: int, budget: Budget) -> bool:
     """Whether a working set of ``tokens`` tokens can be finished on the driver."""
     return local_engine_bytes(tokens) <= budget.bytes
+
+
+def release_freed_memory() -> None:
+    """Give memory this process has freed back to the OS: a Python worker after its count task
+    (its counting dict is gone, but the allocators keep the pages, and an idle worker would
+    hold them while the driver trains), the driver between the count and the engine. Collects
+    cycles, empties Arrow's pool and asks glibc to trim (skipped where there is no
+    ``malloc_trim``). Measured on a quarter of the 1 GB corpus: 324 MB -> 168 MB RSS."""
+    gc.collect()
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # noqa: BLE001 - only memory hygiene
+        pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        name = ctypes.util.find_library("c")
+        lib = ctypes.CDLL(name) if name else None
+        _TRIM.append(getattr(lib, "malloc_trim", None))
+    return _TRIM[0]

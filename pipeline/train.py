@@ -52,7 +52,13 @@ from pipeline.engines.local import LocalTrainer, initial_symbols
 from pipeline.engines.rounds import RoundStats, run_rounds
 from pipeline.engines.spark import SparkPartitions
 from pipeline.lease import Lease
-from pipeline.memory import Budget, choose_engine, driver_budget, fits_driver
+from pipeline.memory import (
+    Budget,
+    choose_engine,
+    driver_budget,
+    fits_driver,
+    release_freed_memory,
+)
 from pipeline.outputs import TrainedTokenizer, write_exports, write_run_json, write_trace
 from pipeline.progress import Progress, Stage
 from pipeline.report import write_report
@@ -178,7 +184,7 @@ def _load_local(spark: SparkSession, wt: WordTable, base: BaseVocab
     flat = flat.astype(np.int32)  # the engine's token array (taken over, not copied again)
     counts = np.array(table.column("count").to_numpy(), dtype=np.int64)  # not a view
     del table  # the driver engine's peak comes later: give the table's memory back first
-    pa.default_memory_pool().release_unused()
+    release_freed_memory()
     return flat, lengths, counts
 
 

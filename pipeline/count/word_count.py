@@ -59,7 +59,12 @@ from pipeline.count.word_table import (
     write_table_data,
 )
 from pipeline.lease import Lease
-from pipeline.memory import choose_count_merge, driver_budget, driver_fetch_limit
+from pipeline.memory import (
+    choose_count_merge,
+    driver_budget,
+    driver_fetch_limit,
+    release_freed_memory,
+)
 from pipeline.pretokenize import (
     FirstSeenLayout,
     Pretokenizer,
@@ -489,6 +494,7 @@ def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
             task_bytes += b.nbytes
             yield b
         size.add((task_bytes, task_bytes))
+        release_freed_memory()  # the worker idles while the driver trains
 
     return src.mapInArrow(measured, _PARTIAL_SCHEMA)
 
@@ -615,6 +621,7 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
                     task_bytes += len(blob)
                     yield blob
             size.add((task_bytes, task_bytes))
+            release_freed_memory()  # the worker idles while the driver trains
 
     blobs = sc.parallelize(range(n), n).mapPartitions(count_task)
     if spill is None:
