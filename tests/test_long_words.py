@@ -12,6 +12,7 @@ plain quadratic algorithm on random words and random merge tables.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -50,6 +51,7 @@ tiktoken = need_module("tiktoken")
 PUNCT = "!?.,;:-_()[]{}"
 
 
+@functools.cache  # made once: 10 M random characters take seconds (not to be changed)
 def pathological_rows() -> dict[str, str]:
     rng = random.Random(7)
     return {
@@ -105,11 +107,30 @@ def training_texts() -> list[str]:
     return rows_of(EN_DOCS, "part-00000.parquet", 150_000) + extra
 
 
+_RUNS: dict[str, Path] = {}  # pattern -> a run trained on training_texts() (once per session)
+_REFERENCE_IDS: dict[tuple[str, str], list[int]] = {}  # (run, case) -> the reference's ids
+
+
+def trained_run(pattern: str, tmp_path_factory) -> Path:
+    if pattern not in _RUNS:
+        d = tmp_path_factory.mktemp(f"long-{pattern}")
+        train_in_memory(training_texts(), d, pattern, 1200, (EOT,))
+        _RUNS[pattern] = d
+    return _RUNS[pattern]
+
+
+def reference_ids(run: Path, case: str, ref: Tokenizer) -> list[int]:
+    """The reference encoder's ids for a pathological row (encoded once per run: 20 M letters
+    take seconds)."""
+    key = (str(run), case)
+    if key not in _REFERENCE_IDS:
+        _REFERENCE_IDS[key] = ref.encode(pathological_rows()[case])
+    return _REFERENCE_IDS[key]
+
+
 @pytest.fixture(scope="module", params=["cl100k", "gpt2", "o200k"])
 def run_dir(request, tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp(f"long-{request.param}")
-    train_in_memory(training_texts(), d, request.param, 1200, (EOT,))
-    return d
+    return trained_run(request.param, tmp_path_factory)
 
 
 def batch_encoder(run: Path, engine: str = "tiktoken") -> ec.BatchEncoder:
@@ -128,6 +149,7 @@ def test_pathological_row_both_encoders(run_dir: Path, case: str):
     ref = Tokenizer.load(str(run_dir))
     ids, sec = timed(lambda: ref.encode(text))
     assert sec < BUDGET[case], f"reference encoder: {sec:.1f} s"
+    _REFERENCE_IDS[(str(run_dir), case)] = ids
     enc = batch_encoder(run_dir)
     (got, n_special), sec = timed(lambda: enc.encode(text))
     assert sec < BUDGET[case], f"encode job's encoder: {sec:.1f} s"
@@ -337,15 +359,14 @@ def test_long_word_paths_agree_on_real_text(run_dir: Path):
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_encode_job_with_pathological_rows(tmp_path: Path):
+def test_encode_job_with_pathological_rows(tmp_path: Path, tmp_path_factory):
     """jobs/encode.py on normal rows plus the four pathological rows of issue 10 (2 M spaces,
     which tiktoken panics on, 20 M ``a``, 5 M digits, 5 M punctuation marks): the job
     succeeds, every row has the reference encoder's ids, and _encode.json counts the two rows
     that went to the reference encoder."""
     from .test_encode_job import read_output, run_encode_job
 
-    run = tmp_path / "run"
-    train_in_memory(training_texts(), run, "cl100k", 1200, (EOT,))
+    run = trained_run("cl100k", tmp_path_factory)  # the run the tests above encode with
     rows = pathological_rows()
     texts = [p for t in rows_of(EN_DOCS, "part-00001.parquet", 40_000)
              for p in t.split("\n\n") if p.strip()][:100]
@@ -359,7 +380,10 @@ def test_encode_job_with_pathological_rows(tmp_path: Path):
     assert r.returncode == 0, r.stderr[-3000:]
     table = read_output(out).sort_by("doc")
     ref = Tokenizer.load(str(run))
-    assert table.column("ids").to_pylist() == [ref.encode(t) for t in texts]
+    long_rows = {text: case for case, text in rows.items()}
+    assert table.column("ids").to_pylist() == [
+        reference_ids(run, long_rows[t], ref) if t in long_rows else ref.encode(t)
+        for t in texts]
     stats = json.loads((out / "_encode.json").read_text())["stats"]
     assert stats["rows"] == len(texts) and stats["engine"] == "tiktoken"
     assert stats["rows_via_reference"] == 2 and stats["tiktoken_errors"] == 0
