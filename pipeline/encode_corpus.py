@@ -457,10 +457,10 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
     DataFrame with ``text_column``) with the run at ``cfg.tokenizer`` into ``cfg.output``:
     check, read, encode into a staging directory, then publish it with ``_encode.json``."""
     t0 = time.time()
-    check_encode_config(cfg, spark, frame=frame is not None)
-    plan = load_plan(spark, cfg)
-    src, keys = _source(spark, cfg, frame)
     with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "encode job") as lease:
+        check_encode_config(cfg, spark, frame=frame is not None)  # the output as it is now
+        plan = load_plan(spark, cfg)
+        src, keys = _source(spark, cfg, frame)
         summary = _encode_and_publish(spark, cfg, plan, src, keys, t0, lease)
     stats = summary["stats"]
     log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
@@ -485,6 +485,12 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
             raise
         fsutil.delete(spark, tmp)  # nothing half-written
         raise unreadable from None
+    try:
+        lease.check()  # another job took the output meanwhile: publish nothing
+    except BaseException:
+        if tmp.rstrip("/") != cfg.output.rstrip("/"):
+            fsutil.delete(spark, tmp)
+        raise
     stats["seconds_total"] = round(time.time() - t0, 3)
     stats["engine"] = plan.engine
     summary = {"format": "spark-bpe encoded corpus", "version": 1,
@@ -494,7 +500,6 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
                "stats": stats}
     fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
-    lease.check()
     fsutil.replace_dir(spark, tmp, cfg.output)
     return summary
 
@@ -506,9 +511,11 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
         check_text_column(frame, cfg.text_column, "the DataFrame")
         return [frame], "the DataFrame"
     frames = [read_corpus(spark, path, cfg.text_column)[0] for path in cfg.inputs]
-    if len({tuple(f.columns) for f in frames}) > 1:
+    schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
+               for df in frames}
+    if len(schemas) > 1:
         raise ConfigError(f"config key 'input': the corpora {cfg.input} have different "
-                          "columns; encode them one at a time")
+                          "columns or column types; encode them one at a time")
     return frames, cfg.input
 
 

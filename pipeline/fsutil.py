@@ -185,6 +185,31 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
     return True
 
 
+def split_parent(path: str) -> tuple[str, str]:
+    """(parent directory, name) of a path on any filesystem: ``out/x`` -> (``out``, ``x``),
+    ``x`` -> (``.``, ``x``), ``/x`` -> (``/``, ``x``), ``hdfs://nn:8020/x`` ->
+    (``hdfs://nn:8020/``, ``x``); a trailing slash is ignored."""
+    trimmed = path.rstrip("/")
+    cut = trimmed.rfind("/")
+    parent = trimmed[:cut]
+    if cut <= 0 or trimmed[cut - 1] in ":/" or re.fullmatch(r"[A-Za-z][\w+.-]*://[^/]*",
+                                                             parent):
+        parent = trimmed[:cut + 1]  # keep the root's slash
+    return parent or ".", trimmed[cut + 1:]
+
+
+def remove_stale_temps(spark: SparkSession | None, final: str) -> list[str]:
+    """Remove ``final.tmp-*`` / ``final.old-*``, left by a writer killed while it replaced
+    ``final`` (:func:`staging_dir`, :func:`replace_dir`); call it holding ``final``'s lease.
+    Returns what was removed."""
+    parent, name = split_parent(final)
+    removed = [join(parent, e) for e in list_dir(spark, parent) or ()
+               if e.startswith((f"{name}.tmp-", f"{name}.old-"))]
+    for path in removed:
+        delete(spark, path)
+    return removed
+
+
 def staging_dir(spark: SparkSession | None, final: str, marker: str) -> str:
     """Where to write an output directory that readers must see whole: a temporary sibling,
     renamed over ``final`` by :func:`replace_dir`; on an object store, where a rename copies

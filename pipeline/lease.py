@@ -65,11 +65,8 @@ class Lease:
         """The lease of an output directory that is written elsewhere and moved into place
         whole (a word table, an encoded corpus): ``.<name>.lease.json`` next to it, where
         replacing the directory cannot remove it."""
-        trimmed = output.rstrip("/")
-        cut = trimmed.rfind("/")
-        parent = trimmed[:cut] if cut > 0 and trimmed[cut - 1] not in ":/" else trimmed[:cut + 1]
-        lease = cls(spark, parent or ".", timeout, purpose,
-                    f".{trimmed[cut + 1:]}.lease.json")
+        parent, name = fsutil.split_parent(output)
+        lease = cls(spark, parent, timeout, purpose, f".{name}.lease.json")
         lease.held = output
         return lease
 

@@ -190,9 +190,12 @@ def release_freed_memory() -> None:
         pa.default_memory_pool().release_unused()
     except Exception:  # noqa: BLE001 - only memory hygiene
         pass
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    try:
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
+    except Exception:  # noqa: BLE001 - only memory hygiene: never fail a finished task
+        pass
 
 
 _TRIM: list = []

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from pipeline import faults, fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab, extend_vocab, vocab_bytes
-from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings, list_names
+from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import describe_input_change, input_fingerprint, list_input
 from pipeline.count.external import import_word_table, is_ours
@@ -91,12 +91,23 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
     t0 = time.time()
     if cfg.words and is_ours(spark, cfg.words):
         return WordTableChoice(open_word_table(spark, cfg.words), 0.0, False)
-    if cfg.words:  # made elsewhere: imported into the run directory, taken as given
-        own = fsutil.join(cfg.output, "words")
-        import_word_table(spark, cfg, cfg.words, own)
-        return WordTableChoice(open_word_table(spark, own), 0.0, False)
     own = fsutil.join(cfg.output, "words")
-    _remove_stale_temp(spark, cfg.output, "words")
+    # RUN/words is written as the word count writes any output: under its own lease too (a
+    # count_words job pointed at it must not interleave), held here for the whole step
+    with Lease.beside(spark, own, cfg.lease_timeout_seconds, "word count") as lease:
+        for path in fsutil.remove_stale_temps(spark, own):
+            log.info("removed %s, left by an interrupted run", path)
+        if cfg.words:  # made elsewhere: imported into the run directory, taken as given
+            import_word_table(spark, cfg, cfg.words, own, lease.check)
+            return WordTableChoice(open_word_table(spark, own), 0.0, False)
+        return _own_word_table(spark, cfg, progress, frame, own, lease, t0)
+
+
+def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
+                    frame: DataFrame | None, own: str, lease: Lease, t0: float
+                    ) -> WordTableChoice:
+    """The run's own table at ``own``: reused while its input and settings match, else
+    counted (holding ``lease``)."""
     changed = False
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
@@ -124,7 +135,7 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
         _invalidate_run(spark, cfg.output)
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
-    wt = count_words(spark, sub, progress, frame)
+    wt = count_words(spark, sub, progress, frame, lease)
     return WordTableChoice(wt, time.time() - t0, changed)
 
 
@@ -186,14 +197,6 @@ def _load_local(spark: SparkSession, wt: WordTable, base: BaseVocab
     del table  # the driver engine's peak comes later: give the table's memory back first
     release_freed_memory()
     return flat, lengths, counts
-
-
-def _remove_stale_temp(spark: SparkSession, parent: str, name: str) -> None:
-    """A run killed while writing ``parent/name`` leaves ``name.tmp-*`` / ``name.old-*``."""
-    for entry in list_names(spark, parent):
-        if entry.startswith((f"{name}.tmp-", f"{name}.old-")):
-            log.info("removing %s left by an interrupted run", fsutil.join(parent, entry))
-            fsutil.delete(spark, fsutil.join(parent, entry))
 
 
 def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab

@@ -215,6 +215,12 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
     cases.append((dict(input=str(bad), tokenizer=str(run_dir), output=out),
                   r"part-1\.parquet is not a readable Parquet file .*fix or remove it, then "
                   r"rerun$"))
+    second = tmp_path / "second"  # a second corpus whose key column has another type
+    second.mkdir()
+    pq.write_table(pa.table({"doc_id": ["a"], "text": ["x"], "lang": ["y"]}),
+                   second / "part-0.parquet")
+    cases.append((dict(input=f"{held_out},{second}", tokenizer=str(run_dir), output=out),
+                  "have different columns or column types; encode them one at a time"))
     for kwargs, expected in cases:
         with pytest.raises(ConfigError, match=expected) as err:
             encode_corpus(spark, Config(**kwargs))

@@ -86,7 +86,9 @@ def test_an_output_replaced_whole_has_its_lease_beside_it(tmp_path):
     for output, path in [("x", "./.x.lease.json"), ("/a/b", "/a/.b.lease.json"),
                          ("/x", "/.x.lease.json"), ("file:/a/b", "file:/a/.b.lease.json"),
                          ("s3a://bucket/x", "s3a://bucket/.x.lease.json"),
-                         ("hdfs://nn:8020/p/q/", "hdfs://nn:8020/p/.q.lease.json")]:
+                         ("hdfs://nn:8020/p/q/", "hdfs://nn:8020/p/.q.lease.json"),
+                         ("hdfs://nn:8020/q", "hdfs://nn:8020/.q.lease.json"),
+                         ("s3a://bucket/q", "s3a://bucket/.q.lease.json")]:
         assert Lease.beside(None, output, 60, "t").path == path
 
 
@@ -149,3 +151,63 @@ def test_count_and_encode_refuse_an_output_another_process_holds(spark, tmp_path
         assert not enc.exists() and not list(tmp_path.glob("enc.tmp-*"))
     assert encode_corpus(spark, encode_cfg).stats["stats"]["rows"] == len(texts)
     assert not (tmp_path / ".enc.lease.json").exists()
+
+
+@pytest.mark.spark
+def test_a_lease_lost_before_publishing_publishes_nothing(spark, tmp_path, monkeypatch):
+    """A count or an encode whose lease was taken over while it ran: its staging directory is
+    removed and the output is not touched (the check comes before anything is published)."""
+    from pipeline import encode_corpus as ec
+    from pipeline.config import Config
+    from pipeline.count.word_count import count_words
+
+    from .test_exports import train_in_memory
+
+    class Lost:
+        def check(self) -> None:
+            raise LeaseHeld("another run took over the output while this one ran")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    texts = [f"row {i} of some text" for i in range(100)]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in" / "part-0.parquet")
+    words = tmp_path / "words"
+    with pytest.raises(LeaseHeld, match="took over"):
+        count_words(spark, Config(input=str(tmp_path / "in"), output=str(words)), lease=Lost())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no table, no staging
+
+    train_in_memory(texts, tmp_path / "run", vocab_size=300)
+    monkeypatch.setattr(ec.Lease, "beside", classmethod(lambda cls, *a: Lost()))
+    with pytest.raises(LeaseHeld, match="took over"):
+        ec.encode_corpus(spark, Config(input=str(tmp_path / "in"), output=str(tmp_path / "enc"),
+                                       tokenizer=str(tmp_path / "run")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "run"]
+
+
+@pytest.mark.spark
+def test_train_counts_its_words_under_their_own_lease(spark, tmp_path):
+    """A count_words job writing RUN/words while a training run on RUN starts: the run refuses
+    to count into it (naming the holder) and leaves the job's staging directory alone."""
+    from pipeline.config import Config
+    from pipeline.train import train
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some words here"] * 50}), tmp_path / "in" / "a.parquet")
+    run = tmp_path / "run"
+    run.mkdir()
+    staging = run / "words.tmp-0000abcd"  # the other job's table, being written
+    staging.mkdir()
+    cfg = Config(input=str(tmp_path / "in"), output=str(run), vocab_size=260,
+                 progress_bar=False)
+    with held_by_another_process(run / "words", "word count") as pid:
+        with pytest.raises(LeaseHeld, match=f"^{run / 'words'} is in use by another word "
+                                            f"count \\(host [^,]+, pid {pid}, "):
+            train(spark, cfg)
+        assert staging.exists() and not (run / "words").exists()
+    staging.rmdir()
+    assert len(train(spark, cfg).merges) == 3

@@ -19,7 +19,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -181,9 +181,11 @@ def canonical(table: pa.Table) -> pa.Table:
     return out.sort_by("first_seen")
 
 
-def import_word_table(spark, cfg: Config, source: str, dest: str) -> dict:
+def import_word_table(spark, cfg: Config, source: str, dest: str,
+                      check: Callable[[], None] | None = None) -> dict:
     """Write ``source`` (an external table) as a word table of ours at ``dest``; returns its
-    metadata (the pretokenizer settings are the run's own: the table is taken as given)."""
+    metadata (the pretokenizer settings are the run's own: the table is taken as given).
+    ``check``: the output's lease, checked before publishing."""
     names = fsutil.list_dir(spark, source)
     is_tsv = source.endswith(TSV_SUFFIXES) or any(f.endswith(TSV_SUFFIXES)
                                                   for f in names or ())
@@ -199,7 +201,7 @@ def import_word_table(spark, cfg: Config, source: str, dest: str) -> dict:
              "unique_words": table.num_rows}
     meta = word_table_meta(cfg.pretokenizer_spec(), cfg.text_column, 0, stats,
                            {"input": "", "external": source}, digest=table_digest(table))
-    publish_word_table(spark, tmp, dest, meta, stats)
+    publish_word_table(spark, tmp, dest, meta, stats, check=check)
     log.info("imported the external word table %s: %d distinct words, %d words (first-seen "
              "order: %s) -> %s", source, table.num_rows, words,
              "its first_seen column" if _has_first_seen(source, is_tsv) else "its row order",

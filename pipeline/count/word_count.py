@@ -645,10 +645,10 @@ def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) 
 
 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
-                frame: DataFrame | None = None) -> WordTable:
-    """Run the word-count stage and write the word table to ``cfg.output`` atomically (holding
-    the output's lease, :meth:`pipeline.lease.Lease.beside`, throughout), with
-    heartbeats while it runs (rows and bytes the tasks have read, see
+                frame: DataFrame | None = None, lease: Lease | None = None) -> WordTable:
+    """Run the word-count stage and write the word table to ``cfg.output`` atomically, holding
+    the output's lease (:meth:`pipeline.lease.Lease.beside`; ``lease``: already held by the
+    caller) throughout, with heartbeats while it runs (rows and bytes the tasks have read, see
     :class:`pipeline.spark_session.TaskCounts`; tasks done from Spark's status tracker). ``frame``:
     count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
     partitions in order, rows in partition order)."""
@@ -656,24 +656,30 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
                                     bar=cfg.progress_bar)
     sc = spark.sparkContext
-    with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "word count") as lease:
+    with contextlib.ExitStack() as stack:
+        if lease is None:
+            lease = stack.enter_context(Lease.beside(spark, cfg.output,
+                                                     cfg.lease_timeout_seconds, "word count"))
+        for path in fsutil.remove_stale_temps(spark, cfg.output):
+            log.info("removed %s, left by an interrupted count", path)
         counts = TaskCounts.create(sc)
         try:
             with job_group(sc, "count") as group, progress.stage(
                     "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
-                wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, frame)
+                wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, lease.check,
+                            frame)
                 counts.phase = ""
                 st = wt.meta["stats"]
                 stage.update(note=f"{st['unique_words']:,} distinct words, "
                                   f"{st['words']:,} words")
         finally:
             counts.close()
-        lease.check()
     return wt
 
 
 def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-           counts: TaskCounts, frame: DataFrame | None = None) -> WordTable:
+           counts: TaskCounts, check: Callable[[], None],
+           frame: DataFrame | None = None) -> WordTable:
     footers: dict[str, pq.FileMetaData] = {}
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     corpus = None if frame is not None else list_local_sources(cfg, footers, skipped)
@@ -690,7 +696,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
         fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
             else {"files": 0, "bytes": 0, "digest": "a DataFrame: never reused"}
         return _count_and_write(spark, cfg, spec, t0, corpus, plan, fingerprint,
-                                skipped or [], counts)
+                                skipped or [], counts, check)
     except Exception as exc:
         named = unreadable_file_error(exc)
         if named is None:
@@ -703,11 +709,12 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
 
 def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
                      corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                     skipped: list[str], counts: TaskCounts) -> WordTable:
+                     skipped: list[str], counts: TaskCounts, check: Callable[[], None]
+                     ) -> WordTable:
     tmp = fsutil.staging_dir(spark, cfg.output, "word_table.json")
     try:
         return _count_into(spark, cfg, spec, t0, corpus, plan, fingerprint, skipped, tmp,
-                           counts)
+                           counts, check)
     except BaseException:
         with contextlib.suppress(Exception):  # nothing half-written is left behind
             fsutil.delete(spark, tmp)  # (on an object store: the output, without its marker)
@@ -769,7 +776,8 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
 
 def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
                 corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                skipped: list[str], tmp: str, counts: TaskCounts) -> WordTable:
+                skipped: list[str], tmp: str, counts: TaskCounts, check: Callable[[], None]
+                ) -> WordTable:
     files = corpus.files
     reader = "pyarrow in the tasks" if plan is not None else "Spark's reader"
     partials = _count_partials(spark, corpus, cfg, spec, plan, counts)
@@ -805,7 +813,7 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
                 "unreadable_files": stats["skipped_files"]}
     meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, source, left_out,
                            None if merged is None else table_digest(merged))
-    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json())
+    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(), check)
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],

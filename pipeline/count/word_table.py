@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,9 +188,18 @@ def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: in
 
 
 def publish_word_table(spark: SparkSession, tmp: str, dest: str, meta: dict, stats: dict,
-                       config_json: str | None = None) -> None:
+                       config_json: str | None = None,
+                       check: Callable[[], None] | None = None) -> None:
     """Write the metadata files next to the data already under ``tmp`` and move the whole
-    table to ``dest`` in one step (``word_table.json`` is what marks it complete)."""
+    table to ``dest`` in one step (``word_table.json`` is what marks it complete). ``check``
+    (the output's lease) may refuse first: then ``tmp`` is removed and nothing published."""
+    if check is not None:
+        try:
+            check()
+        except BaseException:
+            if tmp.rstrip("/") != dest.rstrip("/"):
+                fsutil.delete(spark, tmp)
+            raise
     fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
     fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
     if config_json is not None:
