@@ -11,9 +11,12 @@ Every run is a fresh subprocess: ours is ``spark-submit --master local[2] jobs/t
 order, see bench_common). Every ~0.2 s the whole process tree's VmRSS is read from /proc: the
 peak of the tree's sum, and per-process peaks grouped by role (jvm, python driver, python
 workers, launcher, reference). RSS sums count pages shared after fork (the PySpark daemon and
-its workers) more than once. ``os.wait4`` gives the cross-check, ru_maxrss (the largest single
-process of the tree, exact, as 0.2 s sampling can miss a short peak, but never below this
-script's own peak, which exec hands down). CPU s is the user + sys time of every process of
+its workers) and shared libraries mapped by several processes once per process, so the tree's
+proportional set size (PSS, ``/proc/PID/smaps_rollup``: each shared page divided among the
+processes that map it) is sampled too: the peak of its sum is what the tree costs the
+machine. ``os.wait4`` gives the cross-check, ru_maxrss (the largest single process of the
+tree, exact, as 0.2 s sampling can miss a short peak, but never below this script's own peak,
+which exec hands down). CPU s is the user + sys time of every process of
 the tree as last sampled from /proc (``wait4``'s figure, in ``cpu_seconds``, leaves out the
 PySpark workers, which the launcher never reaps; a process's last ~0.2 s can be missed); it is
 less sensitive than wall time to a busy machine. Ours also reports RUN_DIR/stats.json (stage
@@ -98,6 +101,14 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
 
 
+def _pss(pid: int) -> int:
+    """Proportional set size of one process in kB (0 when it is gone or unreadable)."""
+    for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
+        if line.startswith(b"Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
 class TreeSampler(threading.Thread):
     """Peak VmRSS of a process tree: of the sum, and of each process (grouped by role); and
     the CPU time of every process in it, as last sampled (the Python workers of a Spark job are
@@ -108,6 +119,7 @@ class TreeSampler(threading.Thread):
         self.root, self.interval = root, interval
         self.done = threading.Event()
         self.peak_total = 0
+        self.peak_pss = 0
         self.samples = 0
         self.peak: dict[int, int] = {}
         self.cpu_ticks: dict[int, int] = {}
@@ -121,7 +133,7 @@ class TreeSampler(threading.Thread):
                 return
 
     def sample(self) -> None:
-        kids, todo, total, sums = _children(), [self.root], 0, {}
+        kids, todo, total, pss, sums = _children(), [self.root], 0, 0, {}
         while todo:
             pid = todo.pop()
             todo += kids.get(pid, [])
@@ -136,8 +148,10 @@ class TreeSampler(threading.Thread):
             self.peak[pid] = max(self.peak.get(pid, 0), rss)
             sums[role] = sums.get(role, 0) + rss
             total += rss
+            pss += _pss(pid)
         self.samples += 1
         self.peak_total = max(self.peak_total, total)
+        self.peak_pss = max(self.peak_pss, pss)
         for role, v in sums.items():
             self.peak_role_sum[role] = max(self.peak_role_sum.get(role, 0), v)
 
@@ -152,7 +166,8 @@ class TreeSampler(threading.Thread):
             r["peak_process_mb"] = r["per_process_mb"][0]
             r["peak_sum_mb"] = round(self.peak_role_sum.get(name, 0) / 1024, 1)
         tick = os.sysconf("SC_CLK_TCK")
-        return {"peak_tree_mb": round(self.peak_total / 1024, 1), "samples": self.samples,
+        return {"peak_tree_mb": round(self.peak_total / 1024, 1),
+                "peak_tree_pss_mb": round(self.peak_pss / 1024, 1), "samples": self.samples,
                 "cpu_tree_seconds": round(sum(self.cpu_ticks.values()) / tick, 1),
                 "roles": roles}
 
@@ -259,8 +274,8 @@ def _f(x, fmt: str = "{:.1f}") -> str:
 
 def table(results: dict) -> str:
     out = ["| corpus | MB | tool | wall s | CPU s | train s | count stage s | peak RSS, tree | "
-           "peak per process (by role) | ru_maxrss | notes |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
+           "peak PSS, tree | peak per process (by role) | ru_maxrss | notes |",
+           "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for c in results["corpora"]:
         for tool in results["tools"]:
             runs = [r for r in results["runs"] if r["corpus"] == c["path"] and r["tool"] == tool
@@ -295,6 +310,7 @@ def table(results: dict) -> str:
                        f"{_f(_med(runs, 'wall_seconds'))} | {_f(_med(runs, cpu))} | "
                        f"{_f(_med(runs, 'train_seconds'))} | "
                        f"{_f(count_s)} | {_f(_med(runs, 'peak_tree_mb'), '{:,.0f} MB')} | "
+                       f"{_f(_med(runs, 'peak_tree_pss_mb'), '{:,.0f} MB')} | "
                        f"{roles} | {_f(_med(runs, 'ru_maxrss_mb'), '{:,.0f} MB')} | "
                        f"{'; '.join(notes)} |")
     return "\n".join(out)
