@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from typing import TYPE_CHECKING
 
@@ -145,15 +144,6 @@ def parse_full(text: str, base_size: int
     return head["fingerprint"], settings, merges, removed
 
 
-def list_names(spark: SparkSession | None, directory: str) -> list[str]:
-    """Names of the entries of a directory on any Hadoop filesystem ([] if it is missing)."""
-    if fsutil.is_local(directory) or spark is None:
-        d = fsutil.local_path(directory)
-        return sorted(os.listdir(d)) if os.path.isdir(d) else []
-    fs, p = fsutil._fs(spark, directory)
-    return sorted(s.getPath().getName() for s in fs.listStatus(p)) if fs.exists(p) else []
-
-
 class Checkpointer:
     def __init__(self, spark: SparkSession | None, directory: str, fp: str, base_size: int,
                  settings: dict | None = None):
@@ -165,7 +155,7 @@ class Checkpointer:
 
     def _files(self) -> list[tuple[int, str]]:
         out = []
-        for name in list_names(self.spark, self.dir):
+        for name in fsutil.list_dir(self.spark, self.dir) or []:
             m = _NAME.match(name)
             if m:
                 out.append((int(m.group(1)), fsutil.join(self.dir, name)))
@@ -227,6 +217,6 @@ class Checkpointer:
 
     def clean_temp(self) -> None:
         """Remove temp files a killed writer left behind (they never look like checkpoints)."""
-        for name in list_names(self.spark, self.dir):
+        for name in fsutil.list_dir(self.spark, self.dir) or []:
             if name.startswith(".tmp-"):
                 fsutil.delete(self.spark, fsutil.join(self.dir, name))

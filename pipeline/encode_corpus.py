@@ -485,12 +485,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
             raise
         fsutil.delete(spark, tmp)  # nothing half-written
         raise unreadable from None
-    try:
-        lease.check()  # another job took the output meanwhile: publish nothing
-    except BaseException:
-        if tmp.rstrip("/") != cfg.output.rstrip("/"):
-            fsutil.delete(spark, tmp)
-        raise
+    fsutil.check_before_publish(spark, lease.check, tmp, cfg.output)
     stats["seconds_total"] = round(time.time() - t0, 3)
     stats["engine"] = plan.engine
     summary = {"format": "spark-bpe encoded corpus", "version": 1,

@@ -14,6 +14,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # this module works without pyspark for local paths
+    from collections.abc import Callable
+
     from pyspark.sql import SparkSession
 
 
@@ -220,6 +222,20 @@ def staging_dir(spark: SparkSession | None, final: str, marker: str) -> str:
     delete(spark, join(final, marker))  # readers stop trusting it before anything changes
     delete(spark, final)
     return final
+
+
+def check_before_publish(spark: SparkSession | None, check: Callable[[], None], tmp: str,
+                         final: str) -> None:
+    """Run ``check`` (the output's lease: another job may have taken it) before ``tmp`` is
+    published as ``final``; when it refuses, the staging directory is removed (unless it is
+    ``final`` itself, written in place on an object store, whose marker is then never written)
+    and the refusal raised: nothing is published."""
+    try:
+        check()
+    except BaseException:
+        if tmp.rstrip("/") != final.rstrip("/"):
+            delete(spark, tmp)
+        raise
 
 
 def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:

@@ -194,12 +194,7 @@ def publish_word_table(spark: SparkSession, tmp: str, dest: str, meta: dict, sta
     table to ``dest`` in one step (``word_table.json`` is what marks it complete). ``check``
     (the output's lease) may refuse first: then ``tmp`` is removed and nothing published."""
     if check is not None:
-        try:
-            check()
-        except BaseException:
-            if tmp.rstrip("/") != dest.rstrip("/"):
-                fsutil.delete(spark, tmp)
-            raise
+        fsutil.check_before_publish(spark, check, tmp, dest)
     fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
     fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
     if config_json is not None:
