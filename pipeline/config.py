@@ -177,14 +177,22 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"spark-bpe {__version__}")
     p.add_argument("--config", action="append", default=[], metavar="FILE",
-                   help="TOML config file(s), applied in order after conf/default.toml")
-    defaults = job_defaults(job)
+                   help="TOML config file(s), applied in order" + (
+                       " (after conf/default.toml when the run is the sample's)"
+                       if job == TRAIN else ""))
+    defaults, builtin, keys = job_defaults(job), Config(), job_keys(job)
     for f in fields(Config):
-        if job not in f.metadata["jobs"]:
+        if f.name not in keys:
             continue
         kind, default = _kind(f), getattr(defaults, f.name)
         shown = ",".join(default) if isinstance(default, list) else default
-        help_text = f.metadata["help"] + f" (default: {shown!r})"
+        help_text = f.metadata["help"]
+        if "input_weights" not in keys:  # encode: several inputs, no weights
+            help_text = help_text.replace(" (see input_weights)", "")
+        help_text += f" (default: {shown!r}"
+        if default != getattr(builtin, f.name):  # from conf/default.toml
+            help_text += f", {SAMPLE_RUN_NOTE}: a run on its own corpus must set it"
+        help_text += ")"
         if f.metadata["choices"]:
             help_text += f"; one of {', '.join(f.metadata['choices'])}"
         if kind == "bool":
@@ -266,29 +274,35 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
-def job_defaults(job: str) -> Config:
-    """The built-in defaults, and for ``train`` also conf/default.toml (the sample run's corpus,
-    output and vocabulary: the quick start's bare ``spark-submit jobs/train.py``). The other
-    jobs get no default input or output: a bare ``count_words`` must not write its table over
-    the sample run."""
+SAMPLE_RUN_NOTE = "the sample run's, conf/default.toml"
+CORPUS_KEYS = ("input", "input_table", "words")
+
+
+def job_defaults(job: str, own_corpus: bool = False) -> Config:
+    """The built-in defaults, and for ``train`` also conf/default.toml: the sample run's corpus,
+    output and vocabulary, for the quick start's bare ``spark-submit jobs/train.py``. They do
+    not apply to a run that names its own corpus (``own_corpus``), which must give its own
+    output and vocabulary size, nor to the other jobs: a bare ``count_words`` must not write
+    its table over the sample run."""
     cfg = Config()
-    if job == TRAIN and DEFAULT_CONFIG.exists():
+    if job == TRAIN and not own_corpus and DEFAULT_CONFIG.exists():
         _apply(load_toml(DEFAULT_CONFIG), cfg, str(DEFAULT_CONFIG))
     return cfg
 
 
 def resolve(argv: list[str] | None = None, description: str = "", job: str = TRAIN) -> Config:
     """Config defaults (:func:`job_defaults`) <- each --config <- the job's command-line flags.
-    A training run that names its own input (or word table) must name its own output: the
-    default one is the sample run's."""
+    A training run that names its own input (or word table) gets none of the sample run's
+    settings: it must name its own output (the default one is the sample run's) and vocabulary
+    size."""
     args = build_parser(description, job).parse_args(argv)
-    cfg = job_defaults(job)
-    explicit: set[str] = set()
-    for path in args.config:
-        values = load_toml(path)
-        _apply(values, cfg, path)
-        explicit |= {k.replace("-", "_") for k in values}
+    files = [(path, load_toml(path)) for path in args.config]
     cli = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+    explicit = set(cli).union(*({k.replace("-", "_") for k in values} for _, values in files))
+    own_corpus = bool(explicit & set(CORPUS_KEYS))
+    cfg = job_defaults(job, own_corpus)
+    for path, values in files:
+        _apply(values, cfg, path)
     if "num_merges" in cli and "vocab_size" not in cli:
         cfg.vocab_size = 0
     if "vocab_size" in cli and "num_merges" not in cli:
@@ -298,11 +312,17 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
     if ("input" in cli or "input_table" in cli) and "words" not in cli:
         cfg.words = ""
     _apply(cli, cfg, "command line")
-    explicit |= set(cli)
-    if explicit & {"input", "input_table", "words"} and "output" not in explicit:
-        raise ConfigError("config key 'output': give --output DIR with --input or --words (the "
-                          "default output directory is the sample run's)")
+    if own_corpus and "output" not in explicit:
+        given = " or ".join(f"--{k.replace('_', '-')}" for k in CORPUS_KEYS if k in job_keys(job))
+        raise ConfigError(f"config key 'output': give --output DIR with {given}"
+                          + (" (the default output directory is the sample run's)"
+                             if job == TRAIN else ""))
     return cfg
+
+
+def job_keys(job: str) -> set[str]:
+    """The config keys a job takes (its flags)."""
+    return {f.name for f in fields(Config) if job in f.metadata["jobs"]}
 
 
 def validate(cfg: Config, job: str, frame: bool = False) -> Config:

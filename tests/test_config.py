@@ -81,6 +81,22 @@ def test_a_run_with_its_own_input_needs_its_own_output():
     assert cfg().output == "out/sample-run"  # the quick start itself
 
 
+def test_the_sample_runs_settings_apply_to_the_sample_run_only():
+    """conf/default.toml's vocabulary and corpus are the quick start's: a run on its own
+    corpus must give its own vocabulary size, and --input-table or --words is not mixed with
+    the sample's --input."""
+    sample = cfg("--output", "x", "--lowercase")  # still the sample run, elsewhere
+    assert (sample.input, sample.vocab_size) == ("data/sample", 4096)
+    for own in (["--input", "data/sample"], ["--input-table", "db.docs"], ["--words", "conf"]):
+        c = cfg(*own, "--output", "x")
+        assert c.vocab_size == 0 and c.num_merges == 0
+        with pytest.raises(ConfigError, match="config key 'vocab_size': set --vocab-size N"):
+            validate(c, "train")
+    table = validate(cfg("--input-table", "db.docs", "--output", "x", "--vocab-size", "300"),
+                     "train")
+    assert (table.input, table.input_table, table.vocab_size) == ("", "db.docs", 300)
+
+
 def test_only_training_defaults_to_the_sample_run():
     """A bare count_words or encode has no input or output (it must not write a word table or
     an encoded corpus over the sample run); ``--help`` shows the defaults each job really uses."""
@@ -93,7 +109,9 @@ def test_only_training_defaults_to_the_sample_run():
             validate(c, job)
     train = " ".join(build_parser("train", "train").format_help().split())
     count = " ".join(build_parser("count", "count").format_help().split())
-    assert "(default: 4096)" in train and "(default: 'data/sample')" in train
+    assert "(default: 4096, the sample run's, conf/default.toml: a run on its own corpus must " \
+        "set it)" in train and "(default: 'data/sample', the sample run's" in train
+    assert "(default: 2)" in train  # --min-pair-count: a built-in default, said plainly
     assert "(default: 'data/sample')" not in count
 
 
@@ -127,7 +145,8 @@ def test_defaults_live_in_one_place():
 
 
 def test_input_weights_match_the_sources():
-    c = cfg("--input", "data/sample,data/sample", "--input-weights", "3,1", "--output", "o")
+    c = cfg("--input", "data/sample,data/sample", "--input-weights", "3,1", "--output", "o",
+            "--vocab-size", "300")
     assert c.inputs == ["data/sample", "data/sample"] and c.input_weights == [3, 1]
     validate(c, "train")
     with pytest.raises(ConfigError, match="1 weights for 2 input sources"):

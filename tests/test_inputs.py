@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from pipeline.count.word_count import count_words
 from pipeline.train import train
 
@@ -54,11 +54,15 @@ def formats(spark, tmp_path_factory):
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv", "orc", "text"])
-def test_other_formats_give_the_parquet_word_table_and_merges(spark, formats, tmp_path, fmt):
+def test_other_formats_give_the_parquet_word_table_and_merges(spark, formats, tmp_path, fmt,
+                                                             capfd, caplog):
     ref = count_words(spark, Config(input=f"{formats['parquet']}/*/*.parquet",
                                     output=str(tmp_path / "ref")))
+    capfd.readouterr()
     got = count_words(spark, Config(input=f"{formats[fmt]}/*/part-*", input_format=fmt,
                                     output=str(tmp_path / fmt)))
+    said = "".join(capfd.readouterr()) + caplog.text  # no ERROR from a probe of the reader
+    assert "FIELD_NOT_FOUND" not in said and '"level": "ERROR"' not in said, said[:500]
     assert table_rows(tmp_path / fmt) == table_rows(tmp_path / "ref")
     assert got.meta["input_format"] == fmt
     a = train(spark, Config(words=str(tmp_path / "ref"), output=str(tmp_path / "ra"),
@@ -67,6 +71,14 @@ def test_other_formats_give_the_parquet_word_table_and_merges(spark, formats, tm
                             vocab_size=500, progress_bar=False))
     assert a.merges == b.merges and len(a.merges) == 500 - 257
     del ref
+
+
+def test_a_reader_spark_does_not_have_is_one_config_error(spark, tmp_path):
+    with pytest.raises(ConfigError, match=r"config key 'input_format': Spark has no 'delta' "
+                                          r"reader here \(delta needs the delta-spark package"):
+        count_words(spark, Config(input=str(SAMPLE), input_format="delta",
+                                  output=str(tmp_path / "w")))
+    assert not (tmp_path / "w").exists()
 
 
 def test_a_catalog_table_gives_the_parquet_merges(spark, formats, tmp_path):

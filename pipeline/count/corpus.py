@@ -106,7 +106,7 @@ def list_local_corpus(path: str, text_column: str,
     return sorted(read)
 
 
-def first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException | str) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -233,8 +233,11 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
             df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
         else:
             df = spark.read.format(cfg.input_format).load(name)
-    except AnalysisException as exc:
-        msg = first_line(exc)
+    except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
+        named = None if isinstance(exc, AnalysisException) else unreadable_file_error(exc)
+        if named is not None:  # an unreadable file
+            raise named from None
+        msg = _reason(exc)
         if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
             raise ConfigError(f"{what}: path does not exist: {name}") from None
         if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
@@ -244,11 +247,6 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
         if "TABLE_OR_VIEW_NOT_FOUND" in msg:
             raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
-    except Exception as exc:  # noqa: BLE001 - py4j errors for unreadable files
-        named = unreadable_file_error(exc)
-        if named is not None:
-            raise named from None
-        raise ConfigError(f"{what}: cannot read {name}: {first_line(exc)}") from None
     check_text_column(df, cfg.text_column, name)
     files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
     if frame is not None or not files:  # no files to order by: Spark's partitions, in order
@@ -257,15 +255,30 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
                               "table); read it into a DataFrame and use pipeline.api")
         return df, [name], F.spark_partition_id(), F.lit(None)
     parquet = cfg.input_format == "parquet" and not cfg.input_table
-    if not parquet:
-        try:  # a catalog table stored as Parquet still has row indices
-            df.select("_metadata.row_index").schema  # noqa: B018 - resolves the column
-            parquet = True
-        except AnalysisException:
-            parquet = False
-    if parquet:
+    if parquet or _has_row_index(df):  # (a catalog table stored as Parquet has them too)
         return df, files, F.lit(0), F.col("_metadata.row_index")
     return df, files, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of what went wrong: for a py4j error, the Java exception's own message
+    (its Python message only says which call failed)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        with contextlib.suppress(Exception):
+            return first_line(str(java.toString()))
+    return first_line(exc)
+
+
+def _has_row_index(df: DataFrame) -> bool:
+    """Whether a file source's ``_metadata`` has ``row_index`` (Parquet's), read from its
+    schema: resolving a missing field instead would have PySpark log the failure as an ERROR
+    with a Java stack trace, although it is caught."""
+    try:
+        meta = df.select("_metadata").schema["_metadata"].dataType
+    except AnalysisException:
+        return False
+    return isinstance(meta, T.StructType) and "row_index" in meta.fieldNames()
 
 
 def check_text_column(df: DataFrame, text_column: str, name: str) -> None:
