@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,7 +105,7 @@ class Config:
     name: str = opt("", "the tokenizer's name (the tiktoken encoding's name): default "
                         "spark-bpe-<run directory name>", (TRAIN,))
     # -- checkpoints -----------------------------------------------------------------------------
-    checkpoint_dir: str = opt("", "where merge-list checkpoints go (default RUN_DIR/"
+    checkpoint_dir: str = opt("", "where merge-list checkpoints go ('' = RUN_DIR/"
                                   "checkpoints)", (TRAIN,))
     checkpoint_every_merges: int = opt(1000, "checkpoint at least every N merges", (TRAIN,))
     checkpoint_every_seconds: float = opt(60.0, "and at least every N seconds", (TRAIN,))
@@ -124,7 +124,7 @@ class Config:
     spark_ui: str = opt("auto", "Spark web UI (auto: on for cluster masters, off in local "
                                 "modes)", choices=("auto", "on", "off"))
     report_sample_rows: int = opt(200, "rows sampled for report.html", (TRAIN,))
-    report_sample: str = opt("", "Parquet of held-out text for report.html (default: rows of "
+    report_sample: str = opt("", "Parquet of held-out text for report.html ('' = rows of "
                                  "the input)", (TRAIN,))
     # -- encoding (jobs/encode.py) ---------------------------------------------------------------
     tokenizer: str = opt("", "the trained run directory to encode with", (ENCODE,))
@@ -169,12 +169,20 @@ def _kind(f: dataclasses.Field) -> str:
     return f.type if isinstance(f.type, str) else f.type.__name__
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A misspelled or malformed flag ends the job as every other config error does: one line
+    (``error: ...``) and exit code 2, not argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (--help lists this job's flags)\n")
+
+
 def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
     """The flags of one job: its keys only, each with its default and allowed values."""
     from pipeline import __version__
 
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _OneLineParser(description=description,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"spark-bpe {__version__}")
     p.add_argument("--config", action="append", default=[], metavar="FILE",
                    help="TOML config file(s), applied in order" + (
@@ -313,7 +321,8 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
         cfg.words = ""
     _apply(cli, cfg, "command line")
     if own_corpus and "output" not in explicit:
-        given = " or ".join(f"--{k.replace('_', '-')}" for k in CORPUS_KEYS if k in job_keys(job))
+        flags = [f"--{k.replace('_', '-')}" for k in CORPUS_KEYS if k in job_keys(job)]
+        given = " or ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
         raise ConfigError(f"config key 'output': give --output DIR with {given}"
                           + (" (the default output directory is the sample run's)"
                              if job == TRAIN else ""))
@@ -356,6 +365,10 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
         if is_local(source) and not any(c in source for c in "*?["):
             need(os.path.exists(local_path(source)),
                  f"config key 'input': path does not exist: {source}")
+    if job == TRAIN and cfg.report_sample and is_local(cfg.report_sample) \
+            and not any(c in cfg.report_sample for c in "*?["):
+        need(os.path.exists(local_path(cfg.report_sample)),
+             f"config key 'report_sample': path does not exist: {cfg.report_sample}")
     if cfg.words and is_local(cfg.words) and not any(c in cfg.words for c in "*?["):
         need(os.path.exists(local_path(cfg.words)),
              f"config key 'words': no word table at {cfg.words}")

@@ -456,6 +456,8 @@ def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
     try:
         run = json.loads(fsutil.read_text(spark, path))
     except FileNotFoundError:
+        if not fsutil.exists(spark, run_dir):
+            raise IncompleteRun(f"no run directory at {run_dir}") from None
         raise IncompleteRun(
             f"{run_dir} is not a complete run (no {RUN_FILE}): it is still training, was "
             "interrupted, or is not a run directory; rerun its jobs/train.py command to "

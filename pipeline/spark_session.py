@@ -107,7 +107,8 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     (the quick start ships ``conf/spark/log4j2.properties``; ``--conf spark.log.level=...`` or
     the user's own log4j config decide). What is set where unset: the application name, the
     web UI (``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local modes,
-    where it costs about 1.5 s per job), Arrow for PySpark, the driver's address from
+    where it costs about 1.5 s per job), Spark's console progress bar off when stderr is not
+    a terminal, Arrow for PySpark, the driver's address from
     ``SPARK_LOCAL_IP`` (tests, CI, the quick start bind to loopback) and the SQL shuffle
     partitions (``cfg.shuffle_partitions``, explicit, always wins).
 
@@ -132,6 +133,8 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     default("spark.app.name", app_name)
     default("spark.ui.enabled", str(web_ui_enabled(cfg.spark_ui, master)).lower())
     default("spark.sql.execution.arrow.pyspark.enabled", "true")
+    if not sys.stderr.isatty():  # Spark's \r bar (on for a plain `python jobs/...`, a "shell"
+        default("spark.ui.showConsoleProgress", "false")  # to Spark) would garble a log file
     local_ip = os.environ.get("SPARK_LOCAL_IP")
     if local_ip:
         default("spark.driver.host", local_ip)

@@ -154,8 +154,12 @@ def _table_settings(wt: WordTable) -> dict:
 def _adopt_table_settings(cfg: Config, wt: WordTable) -> None:
     for key, value in _table_settings(wt).items():
         if getattr(cfg, key) != value:
-            log.warning("the word table was made with %s = %r; using that (config said %r)",
-                        key, value, getattr(cfg, key))
+            if key == "max_word_bytes" and wt.meta.get("external"):  # nothing to warn about
+                log.info("an external word table: its words are used as given (no "
+                         "max_word_bytes cap)")
+            else:
+                log.warning("the word table was made with %s = %r; using that (config said "
+                            "%r)", key, value, getattr(cfg, key))
             setattr(cfg, key, value)
 
 

@@ -51,7 +51,7 @@ MAX_ROW_BYTES = 65536
 ROW_GROUP_BYTES = 16 << 20
 
 # Events per 1,000 characters, and the share of each kind. Tuned so that 1 GB has ~2.8 M
-# distinct cl100k words (the 956 MB reference corpus of DESIGN.md 3c had 2.45 M).
+# distinct cl100k words (issue 12's 956 MB corpus had 2.45 M).
 EVENTS_PER_KCHAR = 11.0
 EVENT_WEIGHTS = {
     "typo": 14, "join": 9, "number": 24, "ident": 13, "name": 7, "url": 6, "user": 4,

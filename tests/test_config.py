@@ -40,6 +40,8 @@ def test_command_line_wins_over_files(tmp_path):
     (["--end-of-word-suffix", "</w>"], "end_of_word_suffix"),
     (["--min-pair-count", "0"], "min_pair_count"),
     (["--input", "/definitely/not/here", "--output", "o"], "input"),
+    (["--output", "o", "--report-sample", "/definitely/not/held-out.parquet"],
+     "report_sample"),
     (["--resume", "maybe"], "resume"),
     (["--special-tokens", "<a>,<a>"], "special_tokens"),
 ])
@@ -127,7 +129,14 @@ def test_each_job_takes_its_own_flags_and_shows_defaults(capsys):
     assert "(default: 'auto'); one of auto, spark, local" in " ".join(train.split())
     with pytest.raises(SystemExit) as ex:
         resolve(["--vocab-size", "300", "--output", "o"], job="encode")
-    assert ex.value.code == 2 and "unrecognized arguments: --vocab-size" in capsys.readouterr().err
+    err = capsys.readouterr().err  # one line, as every config error
+    assert ex.value.code == 2 and err.startswith("error: unrecognized arguments: --vocab-size")
+    assert err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as ex:
+        resolve(["--output"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and err.count("\n") == 1 and err.startswith("error: argument "
+                                                                           "--output"), err
     with pytest.raises(SystemExit) as ex:
         resolve(["--version"])
     assert ex.value.code == 0 and capsys.readouterr().out.startswith("spark-bpe 0.")

@@ -194,7 +194,7 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
     out = str(tmp_path / "o")
     cases = [
         (dict(input=str(held_out), tokenizer=str(tmp_path / "nope"), output=out),
-         "not a complete run .no run.json."),
+         "no run directory at .*nope$"),
         (dict(input=str(held_out), tokenizer=str(run_dir), output=out, key_columns=["nope"]),
          "column 'nope' not in"),
         (dict(input=str(held_out), tokenizer=str(run_dir), output=out, text_column="body"),
@@ -215,6 +215,9 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
     cases.append((dict(input=str(bad), tokenizer=str(run_dir), output=out),
                   r"part-1\.parquet is not a readable Parquet file .*fix or remove it, then "
                   r"rerun$"))
+    (tmp_path / "rows.jsonl").write_text('{"text": "not Parquet"}\n' * 50)  # a lone file
+    cases.append((dict(input=str(tmp_path / "rows.jsonl"), tokenizer=str(run_dir), output=out),
+                  r"rows\.jsonl is not a readable Parquet file .*fix or remove it, then rerun$"))
     second = tmp_path / "second"  # a second corpus whose key column has another type
     second.mkdir()
     pq.write_table(pa.table({"doc_id": ["a"], "text": ["x"], "lang": ["y"]}),

@@ -475,6 +475,8 @@ def test_readers_refuse_a_run_directory_that_is_not_complete(tmp_path):
         Tokenizer.load(str(tmp_path))
     with pytest.raises(IncompleteRun, match="not a complete run"):
         load_tiktoken(str(tmp_path))
+    with pytest.raises(EncodeError, match="no run directory at .*elsewhere$"):
+        Tokenizer.load(str(tmp_path / "elsewhere"))  # a path that does not exist at all
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(EncodeError, match="run.json is corrupt"):
         Tokenizer.load(str(tmp_path))

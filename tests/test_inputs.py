@@ -121,7 +121,7 @@ def test_weighted_sources_equal_repeated_rows(spark, tmp_path):
     assert unweighted.merges != weighted.merges
 
 
-def test_an_external_word_table_trains_as_the_counted_one(spark, tmp_path):
+def test_an_external_word_table_trains_as_the_counted_one(spark, tmp_path, caplog):
     """(word, count) tables made elsewhere, as TSV (SentencePiece's word<TAB>count, words
     escaped) or Parquet, with or without first_seen: the same merges as our own table when
     they list the same words in the same first-seen order."""
@@ -149,7 +149,11 @@ def test_an_external_word_table_trains_as_the_counted_one(spark, tmp_path):
                                    vocab_size=420, progress_bar=False)).merges
 
     ref = merges(str(tmp_path / "w"), "ref")
+    caplog.set_level("INFO", logger="pipeline.train")
+    caplog.clear()
     assert merges(str(tmp_path / "words.tsv"), "tsv") == ref
+    assert "words are used as given" in caplog.text  # no warning about a cap nobody set
+    assert "the word table was made with" not in caplog.text
     assert merges(str(tmp_path / "with_first.parquet"), "pq1") == ref
     assert merges(str(tmp_path / "no_first.parquet"), "pq2") == ref
     assert ours.meta["unique_words"] == len(words)

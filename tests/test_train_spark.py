@@ -265,3 +265,13 @@ def test_a_recount_first_marks_the_run_incomplete(spark, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train(spark, cfg)
     assert not (run / "run.json").exists()
+
+
+def test_spark_console_bar_stays_out_of_a_log_file(spark):
+    """Under pytest stderr is not a terminal, as in a scheduler's log: the session was built
+    with Spark's \\r progress bar off (a plain `python jobs/...` is a "shell" to Spark, which
+    would otherwise draw it into the log)."""
+    import sys
+
+    assert not sys.stderr.isatty()
+    assert spark.sparkContext.getConf().get("spark.ui.showConsoleProgress") == "false"

@@ -35,14 +35,12 @@ def normalize_path(path: str) -> str:
     return f"{scheme}://{u.netloc}{unquote(u.path)}"
 
 
-def read_corpus(spark: SparkSession, path: str, text_column: str,
-                ignore_corrupt: bool = False) -> tuple[DataFrame, list[str]]:
+def read_corpus(spark: SparkSession, path: str, text_column: str
+                ) -> tuple[DataFrame, list[str]]:
     """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
-    job's input). ``ignore_corrupt``: Spark's own ``spark.sql.files.ignoreCorruptFiles``."""
-    if ignore_corrupt:
-        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
+    job's input: every row gets its ids, so an unreadable file is never skipped)."""
     cfg = Config(input=path, text_column=text_column)
-    df, files, _, _ = _read_source(spark, cfg, path, None)
+    df, files, _, _ = _read_source(spark, cfg, path, None, can_skip=False)
     if not files:
         raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
     return df, files
@@ -215,12 +213,12 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
     return corpus
 
 
-def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None
-                 ) -> tuple[DataFrame, list[str], Column, Column]:
+def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None,
+                 can_skip: bool = True) -> tuple[DataFrame, list[str], Column, Column]:
     """One source: its DataFrame, its files in path order, and the columns that order its
     rows: (block, row) = (0, row index in the file) for Parquet; (split start, None: numbered
     in the task) for other file formats; (Spark partition, None) for a DataFrame or a table
-    without files."""
+    without files. ``can_skip``: the job takes ``--ignore-corrupt-files`` (for the message)."""
     what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
     try:
         if frame is not None:
@@ -234,7 +232,8 @@ def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame |
         else:
             df = spark.read.format(cfg.input_format).load(name)
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
-        named = None if isinstance(exc, AnalysisException) else unreadable_file_error(exc)
+        named = None if isinstance(exc, AnalysisException) \
+            else unreadable_file_error(exc, can_skip)
         if named is not None:  # an unreadable file
             raise named from None
         msg = _reason(exc)
