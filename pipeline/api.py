@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline import fsutil
-from pipeline.config import COUNT, ENCODE, TRAIN, Config, ConfigError, _apply, validate
+from pipeline.config import COUNT, ENCODE, TRAIN, Config, ConfigError, _apply, job_keys, validate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -63,6 +63,9 @@ class Run:
         return [fsutil.join(self.dir, n) for n in names]
 
 
+_API_NAMES = {TRAIN: "train", COUNT: "count_words", ENCODE: "encode"}
+
+
 def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any]:
     """The config for ``job`` from the built-in defaults and ``options`` (the sample run's
     settings in conf/default.toml do not apply here), and the DataFrame corpus, if any."""
@@ -81,6 +84,11 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
         else:
             raise ConfigError("the corpus must be a path, a list of paths or a Spark DataFrame, "
                               f"not {type(corpus).__name__}")
+    foreign = sorted(k for k in options if k in Config.__dataclass_fields__
+                     and k not in job_keys(job))
+    if foreign:  # e.g. vocab_size given to count_words: an error, not silently ignored
+        raise ConfigError(f"config key {foreign[0]!r} is not a setting of "
+                          f"{_API_NAMES[job]}() (its keys: `jobs/{_API_NAMES[job]}.py --help`)")
     _apply(options, cfg, "api")
     _absolute_paths(cfg)
     return validate(cfg, job, frame=frame is not None), frame

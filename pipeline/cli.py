@@ -3,7 +3,8 @@
 Exit codes a scheduler can rely on:
 
 - 0: the output is complete (the job's body returned normally);
-- 2: bad configuration or input (``ConfigError``): one line ``error: ...``, nothing written;
+- 2: bad configuration or input (``ConfigError``): one line ``error: ...``; no output is
+  published (a run directory may keep the progress.jsonl of the attempt);
 - 1: anything else (a Spark job failed, the cluster went away, a bug): the traceback goes to
   the log, then the last line printed is ``error: ...`` with a one-line reason;
 - 130 / 143: interrupted (SIGINT / SIGTERM, e.g. a scheduler cancelling the job).

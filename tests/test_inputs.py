@@ -243,6 +243,11 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     assert by_frame_ids.column("ids").to_pylist() == expected
     with pytest.raises(ConfigError, match="unknown config key 'vocab_sise'"):
         api.train(str(SAMPLE), output=str(tmp_path / "x"), vocab_sise=500)
+    with pytest.raises(ConfigError, match=r"'vocab_size' is not a setting of count_words\(\)"):
+        api.count_words(str(SAMPLE), output=str(tmp_path / "y"), vocab_size=500)
+    with pytest.raises(ConfigError, match=r"'engine' is not a setting of encode\(\)"):
+        api.encode(str(SAMPLE), tokenizer=run.dir, output=str(tmp_path / "z"), engine="spark")
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
     del again
 
 
