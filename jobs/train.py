@@ -1,7 +1,8 @@
-"""spark-submit jobs/train.py (--input PATH | --words WORDS_DIR) --output RUN_DIR [options]
+"""spark-submit jobs/train.py (--input PATH | --input-table NAME | --words WORDS_DIR)
+    --output RUN_DIR (--vocab-size N | --num-merges N) [options]
 
-Trains a byte-level BPE tokenizer end to end and writes a run directory. With no arguments it
-trains on the sample corpus shipped in data/sample (see conf/default.toml).
+Trains a byte-level BPE tokenizer end to end and writes a run directory. With no corpus given
+it trains the sample run: data/sample, 4,096 tokens (conf/default.toml).
 
 Exit code 0 only when RUN_DIR/run.json (written last) exists; otherwise non-zero, and the last
 line of output is a one-line reason. Rerunning a finished run is a no-op that says where the
