@@ -84,8 +84,8 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
         else:
             raise ConfigError("the corpus must be a path, a list of paths or a Spark DataFrame, "
                               f"not {type(corpus).__name__}")
-    foreign = sorted(k for k in options if k in Config.__dataclass_fields__
-                     and k not in job_keys(job))
+    foreign = sorted(k for k in (o.replace("-", "_") for o in options)
+                     if k in Config.__dataclass_fields__ and k not in job_keys(job))
     if foreign:  # e.g. vocab_size given to count_words: an error, not silently ignored
         raise ConfigError(f"config key {foreign[0]!r} is not a setting of "
                           f"{_API_NAMES[job]}() (its keys: `jobs/{_API_NAMES[job]}.py --help`)")
@@ -101,8 +101,8 @@ def _absolute_paths(cfg: Config) -> None:
     def fix(path: str) -> str:
         return os.path.abspath(path) if path and not fsutil.scheme(path) else path
 
-    cfg.input = ",".join(fix(p) for p in cfg.input.split(",")) if cfg.input else ""
-    for key in ("words", "output", "tokenizer", "checkpoint_dir"):
+    cfg.input = ",".join(fix(p) for p in cfg.inputs)
+    for key in ("words", "output", "tokenizer", "checkpoint_dir", "report_sample"):
         setattr(cfg, key, fix(getattr(cfg, key)))
 
 
@@ -163,9 +163,10 @@ def encode(corpus: str | list[str] | DataFrame, *, tokenizer: str, output: str,
     trained run into ``output``; returns the summary that ``_encode.json`` holds (rows, bytes,
     tokens, bytes per token, ...). The other columns are carried as keys (``key_columns``);
     without any, the file and row of a Parquet row, or a DataFrame row's Spark id."""
-    from pipeline.encode_corpus import encode_corpus
+    from pipeline.encode_corpus import check_encode_config, encode_corpus
 
     cfg, frame = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
+    check_encode_config(cfg, frame=frame is not None)  # before any Spark work, as the CLI does
     session, started = _session(cfg, spark, "spark-bpe api encode")
     try:
         return encode_corpus(session, cfg, frame).stats

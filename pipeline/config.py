@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -115,8 +116,8 @@ class Config:
                                               "this long is taken over", (TRAIN,))
     # -- runtime ---------------------------------------------------------------------------------
     master: str = opt("", "Spark master when not given by spark-submit (else local[*])")
-    shuffle_partitions: int = opt(0, "spark.sql.shuffle.partitions when spark-submit did not "
-                                     "set it (0 = 2 x default parallelism)")
+    shuffle_partitions: int = opt(0, "spark.sql.shuffle.partitions (a value here wins; 0 = "
+                                     "spark-submit's, else 2 x default parallelism)")
     log_level: str = opt("INFO", "our log level (Spark's own log is configured by Spark)",
                          choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     progress_bar: bool = opt(True, "a progress bar on a terminal (never in a log)")
@@ -193,7 +194,7 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
         if f.name not in keys:
             continue
         kind, default = _kind(f), getattr(defaults, f.name)
-        shown = ",".join(default) if isinstance(default, list) else default
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
         help_text = f.metadata["help"]
         if "input_weights" not in keys:  # encode: several inputs, no weights
             help_text = help_text.replace(" (see input_weights)", "")
@@ -213,6 +214,14 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
     return p
 
 
+def _int(value: Any) -> int:
+    """An integer from a flag's text or a TOML/API value; a float (4096.9) or a boolean is an
+    error, never silently truncated."""
+    if isinstance(value, (bool, float)):
+        raise ValueError(value)
+    return int(value)
+
+
 def _coerce(name: str, kind: str, value: Any) -> Any:
     try:
         if kind == "bool":
@@ -224,20 +233,18 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
                 return False
             raise ValueError(value)
         if kind == "int":
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return int(value)
+            return _int(value)
         if kind == "float":
             return float(value)
         if kind == "list[int]":
             items = value.split(",") if isinstance(value, str) else value
-            if isinstance(items, list):
-                return [int(v) for v in items if str(v).strip() != ""]
+            if isinstance(items, (list, tuple)):
+                return [_int(v) for v in items if str(v).strip() != ""]
             raise ValueError(value)
         if kind == "list[str]":
             if isinstance(value, str):
                 return [s for s in value.split(",") if s] if value else []
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 return list(value)
             raise ValueError(value)
         if not isinstance(value, str):
@@ -265,6 +272,23 @@ def _apply(values: dict[str, Any], cfg: Config, source: str) -> None:
         setattr(cfg, name, _coerce(name, types[name], value))
 
 
+def _apply_layer(values: dict[str, Any], cfg: Config, source: str) -> None:
+    """Apply one layer (a --config file, then the flags) over the ones before it. Naming one of
+    a set of exclusive keys replaces what the earlier layers said about the others:
+    ``num_merges`` drops an earlier ``vocab_size`` (and the reverse), and a corpus (``input``,
+    ``input_table`` or ``words``) drops an earlier other corpus."""
+    names = {k.replace("-", "_") for k in values}
+    if "num_merges" in names and "vocab_size" not in names:
+        cfg.vocab_size = 0
+    if "vocab_size" in names and "num_merges" not in names:
+        cfg.num_merges = 0
+    if names & set(CORPUS_KEYS):
+        for key in CORPUS_KEYS:
+            if key not in names:
+                setattr(cfg, key, "")
+    _apply(values, cfg, source)
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
@@ -273,6 +297,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not valid TOML: not UTF-8 text") from None
+    except OSError as exc:  # a directory, no permission
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     flat: dict[str, Any] = {}
     for k, v in data.items():  # sections are only for readability
         if isinstance(v, dict):
@@ -310,16 +338,8 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
     own_corpus = bool(explicit & set(CORPUS_KEYS))
     cfg = job_defaults(job, own_corpus)
     for path, values in files:
-        _apply(values, cfg, path)
-    if "num_merges" in cli and "vocab_size" not in cli:
-        cfg.vocab_size = 0
-    if "vocab_size" in cli and "num_merges" not in cli:
-        cfg.num_merges = 0
-    if "words" in cli and "input" not in cli:
-        cfg.input = ""
-    if ("input" in cli or "input_table" in cli) and "words" not in cli:
-        cfg.words = ""
-    _apply(cli, cfg, "command line")
+        _apply_layer(values, cfg, path)
+    _apply_layer(cli, cfg, "command line")
     if own_corpus and "output" not in explicit:
         flags = [f"--{k.replace('_', '-')}" for k in CORPUS_KEYS if k in job_keys(job)]
         given = " or ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
@@ -372,7 +392,10 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     if cfg.words and is_local(cfg.words) and not any(c in cfg.words for c in "*?["):
         need(os.path.exists(local_path(cfg.words)),
              f"config key 'words': no word table at {cfg.words}")
+    need(not cfg.input or bool(cfg.inputs), f"config key 'input': no path in {cfg.input!r}")
     need(cfg.text_column != "", "config key 'text_column' is empty")
+    need(cfg.pattern != "", "config key 'pattern' is empty (pattern = 'none' makes each row one "
+         "word)")
     try:
         compile_pattern(cfg.pattern)
     except PatternError as exc:
@@ -383,17 +406,22 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
          "config key 'special_tokens' has duplicates")
     need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
     need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
-    need(cfg.max_token_bytes >= 0, "config key 'max_token_bytes' must be >= 0 (0 = no limit)")
+    need(cfg.max_token_bytes == 0 or cfg.max_token_bytes >= 2, "config key 'max_token_bytes' "
+         "must be 0 (no limit) or >= 2 (a merge makes a token of 2 bytes or more)")
+    need(cfg.shuffle_partitions >= 0, "config key 'shuffle_partitions' must be >= 0 (0 = Spark's "
+         "setting)")
+    need(cfg.report_sample_rows >= 0, "config key 'report_sample_rows' must be >= 0")
     need(cfg.max_word_bytes >= 0, "config key 'max_word_bytes' must be >= 0 (0 = no cap)")
     need(cfg.max_batch >= 1, "config key 'max_batch' must be >= 1")
     need(cfg.driver_budget_mb >= 0, "config key 'driver_budget_mb' must be >= 0 (0 = derived "
          "from the memory the driver has)")
     need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
     need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
-    need(cfg.checkpoint_every_seconds > 0, "config key 'checkpoint_every_seconds' must be > 0")
-    need(cfg.lease_timeout_seconds > 0, "config key 'lease_timeout_seconds' must be > 0")
-    need(cfg.heartbeat_seconds > 0, "config key 'heartbeat_seconds' must be > 0")
+    for key in ("checkpoint_every_seconds", "lease_timeout_seconds", "heartbeat_seconds"):
+        need(0 < getattr(cfg, key) < math.inf, f"config key '{key}' must be a number > 0")
     if job == "train":
+        need(cfg.vocab_size >= 0, "config key 'vocab_size' must be > 0")
+        need(cfg.num_merges >= 0, "config key 'num_merges' must be >= 0")
         need(cfg.vocab_size > 0 or cfg.num_merges > 0,
              "config key 'vocab_size': set --vocab-size N or --num-merges N")
         need(not (cfg.vocab_size and cfg.num_merges),
@@ -403,5 +431,4 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
             need(cfg.vocab_size > floor,
                  f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: it must be more "
                  f"than 256 bytes + {len(cfg.special_tokens)} special tokens = {floor}")
-        need(cfg.num_merges >= 0, "config key 'num_merges' must be >= 0")
     return cfg

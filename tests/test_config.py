@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline.config import ConfigError, resolve, validate
@@ -164,3 +166,63 @@ def test_input_weights_match_the_sources():
     with pytest.raises(ConfigError, match="integers >= 1"):
         validate(cfg("--input", "data/sample", "--input-weights", "0", "--output", "o"),
                  "train")
+
+
+def test_each_config_file_and_the_flags_replace_exclusive_keys_of_the_layers_before(tmp_path):
+    """A later layer (a --config file, then the flags) that names num_merges drops an earlier
+    vocab_size, and one that names a corpus drops an earlier other corpus, as flags always did."""
+    merges = tmp_path / "merges.toml"
+    merges.write_text("num_merges = 500\n")
+    c = validate(cfg("--config", str(merges)), "train")  # over conf/default.toml's vocab_size
+    assert (c.vocab_size, c.num_merges) == (0, 500)
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('vocab_size = 32768\ninput = "data/sample"\noutput = "o"\n')
+    c = validate(cfg("--config", str(cluster), "--config", str(merges)), "train")
+    assert (c.vocab_size, c.num_merges) == (0, 500)
+    table = tmp_path / "table.toml"
+    table.write_text('input_table = "db.docs"\n')
+    c = validate(cfg("--config", str(cluster), "--config", str(table)), "train")
+    assert (c.input, c.input_table) == ("", "db.docs")
+    c = validate(cfg("--config", str(table), "--words", "conf", "--output", "o",
+                     "--vocab-size", "300"), "train")
+    assert (c.input_table, c.words) == ("", "conf")
+    c = validate(cfg("--config", str(cluster), "--input-table", "db.docs"), "train")
+    assert (c.input, c.input_table) == ("", "db.docs")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("vocab_size = 4096.9\n", "config key 'vocab_size': expected int, got 4096.9"),
+    ("max_batch = 2.5\n", "config key 'max_batch': expected int"),
+    ("input_weights = [1.7]\n", "config key 'input_weights': expected list[int]"),
+    ("input_weights = [true]\n", "config key 'input_weights': expected list[int]"),
+])
+def test_a_float_or_boolean_for_an_integer_key_is_refused_not_truncated(tmp_path, text, message):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        cfg("--config", str(f))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--num-merges", "-5"], "config key 'num_merges' must be >= 0"),
+    (["--vocab-size", "-5"], "config key 'vocab_size' must be > 0"),
+    (["--input", " , ", "--output", "o", "--vocab-size", "300"], "config key 'input': no path"),
+    (["--pattern", ""], "config key 'pattern' is empty"),
+    (["--max-token-bytes", "1"], "config key 'max_token_bytes' must be 0 (no limit) or >= 2"),
+    (["--shuffle-partitions", "-3"], "config key 'shuffle_partitions' must be >= 0"),
+    (["--report-sample-rows", "-3"], "config key 'report_sample_rows' must be >= 0"),
+    (["--heartbeat-seconds", "inf"], "config key 'heartbeat_seconds' must be a number > 0"),
+    (["--lease-timeout-seconds", "nan"], "config key 'lease_timeout_seconds' must be a number"),
+])
+def test_out_of_range_values_are_one_config_error(argv, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(cfg(*argv), "train")
+
+
+def test_a_config_file_that_cannot_be_read_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file .* cannot be read: Is a directory"):
+        cfg("--config", str(tmp_path))
+    latin = tmp_path / "latin1.toml"
+    latin.write_bytes('pattern = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not valid TOML: not UTF-8 text"):
+        cfg("--config", str(latin))

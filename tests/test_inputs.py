@@ -270,3 +270,21 @@ def test_the_readme_python_api_example_runs(spark, tmp_path, monkeypatch):
     # the encoded rows too: Spark's JVM, started elsewhere, resolves a relative path against
     # its own working directory, not this one
     assert list((tmp_path / "out" / "api-ids").glob("*.parquet"))
+
+
+def test_the_api_checks_before_any_spark_work(tmp_path, monkeypatch):
+    """api.encode's own checks (tokenizer, ids column) run before a session is made, as the
+    CLI's do; another job's key is refused in either spelling."""
+    from pipeline import api
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("a Spark session was asked for")
+
+    monkeypatch.setattr(api, "_session", no_spark)
+    with pytest.raises(ConfigError, match="config key 'tokenizer'"):
+        api.encode(str(SAMPLE), tokenizer="", output=str(tmp_path / "ids"))
+    with pytest.raises(ConfigError, match="'vocab_size' is not a setting of count_words"):
+        api.count_words(str(SAMPLE), output=str(tmp_path / "w"), **{"vocab-size": 1000})
+    with pytest.raises(ConfigError, match="report_sample': path does not exist: /"):
+        api.train(str(SAMPLE), output=str(tmp_path / "r"), vocab_size=300,
+                  report_sample="no/such/held-out")  # made absolute, then checked
