@@ -263,13 +263,17 @@ RENAMED_KEYS = {  # keys of earlier versions, and what replaced them
 
 def _apply(values: dict[str, Any], cfg: Config, source: str) -> None:
     types = {f.name: (f.type if isinstance(f.type, str) else f.type.__name__) for f in fields(cfg)}
+    choices = {f.name: f.metadata["choices"] for f in fields(cfg)}
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in types:
             hint = RENAMED_KEYS.get(name, "")
             raise ConfigError(f"{source}: unknown config key '{key}'"
                               + (f" ({hint})" if hint else ""))
-        setattr(cfg, name, _coerce(name, types[name], value))
+        value = _coerce(name, types[name], value)
+        if choices[name] and isinstance(value, str):  # "debug", "nfc": the choice as spelled
+            value = {c.lower(): c for c in choices[name]}.get(value.lower(), value)
+        setattr(cfg, name, value)
 
 
 def _apply_layer(values: dict[str, Any], cfg: Config, source: str) -> None:
@@ -303,10 +307,15 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     flat: dict[str, Any] = {}
     for k, v in data.items():  # sections are only for readability
-        if isinstance(v, dict):
-            flat.update(v)
-        else:
-            flat[k] = v
+        if isinstance(v, dict) and k.replace("-", "_") in Config.__dataclass_fields__:
+            raise ConfigError(f"config key '{k}' in {path} takes a plain value, not a table")
+        for key, value in (v.items() if isinstance(v, dict) else [(k, v)]):
+            if isinstance(value, dict):
+                raise ConfigError(f"config file {path}: [{k}] {key} is a table; config keys "
+                                  "take plain values (sections are one level deep)")
+            if key in flat:
+                raise ConfigError(f"config key '{key}' is set twice in {path}")
+            flat[key] = value
     return flat
 
 
@@ -378,7 +387,8 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
              "config key 'input': give a corpus (--input PATH or --input-table NAME)")
     if job == "train":
         need((bool(cfg.input) or bool(cfg.input_table) or frame) != bool(cfg.words),
-             "give exactly one of --input PATH (a corpus) or --words DIR (a word table)")
+             "config keys 'input' and 'words': give exactly one of --input PATH (a corpus) or "
+             "--words DIR (a word table)")
     need(not (cfg.input and cfg.input_table),
          "config keys 'input' and 'input_table' are both set: give only one")
     for source in cfg.inputs:

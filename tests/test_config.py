@@ -60,7 +60,7 @@ def test_unknown_key_in_file(tmp_path):
 
 
 def test_input_xor_words():
-    with pytest.raises(ConfigError, match="exactly one"):
+    with pytest.raises(ConfigError, match="config keys 'input' and 'words': give exactly one"):
         validate(cfg("--words", "data/sample", "--input", "data/sample", "--output", "o"),
                  "train")
 
@@ -226,3 +226,17 @@ def test_a_config_file_that_cannot_be_read_is_a_config_error(tmp_path):
     latin.write_bytes('pattern = "caf\xe9"\n'.encode("latin-1"))
     with pytest.raises(ConfigError, match="is not valid TOML: not UTF-8 text"):
         cfg("--config", str(latin))
+
+
+def test_choices_in_any_case_and_toml_tables_that_are_not_sections(tmp_path):
+    c = cfg("--log-level", "debug", "--normalization", "nfc", "--engine", "LOCAL")
+    assert (c.log_level, c.normalization, c.engine) == ("DEBUG", "NFC", "local")
+    for text, message in [
+        ('input = { path = "data/sample" }\n', "config key 'input' in .* takes a plain value"),
+        ("[a]\nvocab_size = 1000\n[b]\nvocab_size = 2000\n", "'vocab_size' is set twice"),
+        ("[spark.conf]\nx = 1\n", r"\[spark\] conf is a table"),
+    ]:
+        f = tmp_path / "c.toml"
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            cfg("--config", str(f))
