@@ -182,7 +182,9 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
     """The flags of one job: its keys only, each with its default and allowed values."""
     from pipeline import __version__
 
-    p = _OneLineParser(description=description,
+    # no abbreviations: a scheduled command saying --vocab would change meaning (or break)
+    # the day another flag starts with those letters
+    p = _OneLineParser(description=description, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"spark-bpe {__version__}")
     p.add_argument("--config", action="append", default=[], metavar="FILE",

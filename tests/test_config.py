@@ -134,6 +134,10 @@ def test_each_job_takes_its_own_flags_and_shows_defaults(capsys):
     err = capsys.readouterr().err  # one line, as every config error
     assert ex.value.code == 2 and err.startswith("error: unrecognized arguments: --vocab-size")
     assert err.count("\n") == 1, err
+    with pytest.raises(SystemExit) as ex:  # an abbreviation is not a flag
+        resolve(["--vocab", "300", "--output", "o"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and err.startswith("error: unrecognized arguments: --vocab 300")
     with pytest.raises(SystemExit) as ex:
         resolve(["--output"])
     err = capsys.readouterr().err
