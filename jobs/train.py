@@ -22,7 +22,7 @@ from pipeline.config import Config  # noqa: E402
 def main(cfg: Config) -> int:
     from pipeline import fsutil
     from pipeline.spark_session import build_session
-    from pipeline.train import train
+    from pipeline.train import summary, train
 
     t0 = time.time()
     spark = build_session(cfg, "spark-bpe train", deferred=True)
@@ -36,8 +36,7 @@ def main(cfg: Config) -> int:
     if result.already_done:
         print(f"already complete, nothing to do: tokenizer in {result.run_dir}")
     else:
-        note = " (stopped early: no pair qualifies)" if result.stats.get("stopped_early") else ""
-        print(f"trained {len(result.merges)} merges{note}: tokenizer written to "
+        print(f"{summary(len(result.merges), result.stats)}: tokenizer written to "
               f"{result.run_dir}")
     return 0
 

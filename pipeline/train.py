@@ -526,6 +526,19 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
         return publish(spark, prep, out, progress, t_start)
 
 
+def summary(merges: int, stats: dict) -> str:
+    """What a run did, for the job's last line: how many merges, how many of them came from a
+    checkpoint, and whether training stopped before the target."""
+    resumed = stats.get("resumed_from_merge", 0)
+    if merges and resumed >= merges:
+        text = f"served {merges} merges from the checkpoint, none trained"
+    elif resumed:
+        text = f"trained {merges} merges ({resumed} from the checkpoint, {merges - resumed} new)"
+    else:
+        text = f"trained {merges} merges"
+    return text + (" (stopped early: no pair qualifies)" if stats.get("stopped_early") else "")
+
+
 def _leased_dirs(cfg: Config) -> list[str]:
     """The run directory, and the checkpoint directory when it is not inside it."""
     dirs = [cfg.output]

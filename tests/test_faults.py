@@ -173,7 +173,8 @@ def test_driver_killed_while_counting_early_and_late_then_resumed(spark, corpus,
     assert "is corrupt" in p.log() and resumed_from(p.log()) == kept[-2]
     assert stats(run)["resumed_from_merge"] == kept[-2] > early  # written by the 3rd run
     assert merges_txt(run) == merges_txt(ref)
-    assert p.last_line() == f"trained {wanted} merges: tokenizer written to {run}"
+    assert p.last_line() == (f"trained {wanted} merges ({kept[-2]} from the checkpoint, "
+                             f"{wanted - kept[-2]} new): tokenizer written to {run}")
 
 
 @pytest.mark.spark
@@ -214,6 +215,8 @@ def test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops(spark, corpus, t
     p = job(small, "smaller")
     assert p.proc.returncode == 0, p.tail()
     assert "serving the first 60 without training" in p.log()
+    assert p.last_line() == f"served 60 merges from the checkpoint, none trained: tokenizer " \
+                            f"written to {run}"
     assert stats(run)["spark_rounds"] == 0 and stats(run)["resumed_from_merge"] == 60
     assert merges_txt(run) == merges_txt(reference_run(spark, corpus, small))
     assert newest_checkpoint(run / "checkpoints") == 200  # not overwritten by the prefix
