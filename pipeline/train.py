@@ -43,7 +43,6 @@ from pipeline.count.word_count import count_words
 from pipeline.count.word_table import (
     SPECIAL_TOKENS_CUT,
     WordTable,
-    format_digest,
     open_word_table,
     read_word_table,
     spark_table_digest,
@@ -214,9 +213,8 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     word_len = F.length("word")  # bytes
     if base.alphabet == "chars":
         word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
-    row = words().select(F.sum(word_len * F.col("count")), F.sum(word_len),
-                         *spark_table_digest()).first()
-    return int(row[0] or 0), int(row[1] or 0), format_digest(row[2], row[3])
+    row = words().select(F.sum(word_len * F.col("count")), F.sum(word_len)).first()
+    return int(row[0] or 0), int(row[1] or 0), spark_table_digest(words())
 
 
 def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:

@@ -267,6 +267,43 @@ def test_a_recount_first_marks_the_run_incomplete(spark, tmp_path, monkeypatch):
     assert not (run / "run.json").exists()
 
 
+def test_an_edit_that_moves_one_count_is_not_served_the_old_merges(spark, tmp_path):
+    """One occurrence of "cd" (count 3, odd) becomes "ab" (count 2, even), the same length:
+    the old table digest (a linear hash combined by XOR) did not change, so the rerun
+    resumed the old corpus's checkpoint and trained (c, d) first instead of (a, b)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    a = ["ab", "cd", "cd", "cd", "ab", "xy", "xy", "xy", "xy"]
+    b = ["ab", "cd", "cd", "ab", "ab", "xy", "xy", "xy", "xy"]
+
+    def run_on(rows, out):
+        pq.write_table(pa.table({"text": rows}), src / "part-0.parquet")
+        return train(spark, Config(input=str(src), output=str(out), vocab_size=258,
+                                   pattern="none", special_tokens=[], min_pair_count=1,
+                                   progress_bar=False)).merges
+
+    run_on(a, tmp_path / "run")
+    os.utime(src / "part-0.parquet", ns=(1, 1))  # the listing changes: a recount
+    again = run_on(b, tmp_path / "run")
+    assert again == run_on(b, tmp_path / "fresh")
+    assert [(m.left, m.right) for m in again] == [(ord("x"), ord("y")), (ord("a"), ord("b"))]
+
+
+def test_large_arrow_types_from_spark_change_nothing(spark, tmp_path):
+    """With spark.sql.execution.arrow.useLargeVarTypes on, Spark's Arrow batches carry int64
+    offsets (large_binary): the Spark engine and Spark's reader give the same merges."""
+    sample = REPO / "data" / "sample"
+    kw = dict(input=str(sample), vocab_size=300, progress_bar=False)
+    ref = train(spark, Config(output=str(tmp_path / "ref"), engine="local", **kw)).merges
+    spark.conf.set("spark.sql.execution.arrow.useLargeVarTypes", "true")
+    try:
+        got = train(spark, Config(output=str(tmp_path / "large"), engine="spark",
+                                  count_reader="spark", **kw)).merges
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.useLargeVarTypes")
+    assert got == ref and len(ref) == 300 - 257
+
+
 def test_spark_console_bar_stays_out_of_a_log_file(spark):
     """Under pytest stderr is not a terminal, as in a scheduler's log: the session was built
     with Spark's \\r progress bar off (a plain `python jobs/...` is a "shell" to Spark, which

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from pipeline import fsutil
@@ -37,27 +36,62 @@ WORD_TABLE_ARROW_SCHEMA = pa.schema([
 SPECIAL_TOKENS_CUT = "before normalization"
 
 
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a bijection of uint64 in which every output bit depends on
+    every input bit (numpy's uint64 arithmetic wraps, as the algorithm wants)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def _digest_parts(words: pa.Array, counts: np.ndarray, first_seen: np.ndarray
+                  ) -> tuple[int, int]:
+    """(sum mod 2**64 of the rows' hashes, rows). A row's hash mixes its word's crc32 and
+    adler32 with its count and first_seen through three rounds of :func:`_mix64`, so moving
+    counts between rows, or any other edit, changes the sum except with odds of about 2**-64
+    (a linear hash combined by XOR let a one-word typo fix cancel out)."""
+    ws = words.to_pylist()
+    n = len(ws)
+    key = (np.fromiter(map(zlib.crc32, ws), dtype=np.uint64, count=n) << np.uint64(32)) | \
+        np.fromiter(map(zlib.adler32, ws), dtype=np.uint64, count=n)
+    h = _mix64(_mix64(_mix64(key) ^ counts.astype(np.uint64)) ^ first_seen.astype(np.uint64))
+    return int(h.sum(dtype=np.uint64)), n
+
+
 def table_digest(table: pa.Table) -> str:
-    """A content digest of a word table: the XOR over rows of
-    ``crc32(word) << 32 ^ count ^ first_seen << 16`` (64-bit), and the row count. The same
-    value comes from Spark with :func:`spark_table_digest` (tests hold them equal)."""
-    words = table.column("word").to_pylist()
-    crc = np.fromiter(map(zlib.crc32, words), dtype=np.uint64, count=len(words))
-    h = ((crc << np.uint64(32)) ^ table.column("count").to_numpy().astype(np.uint64)
-         ^ (table.column("first_seen").to_numpy().astype(np.uint64) << np.uint64(16)))
-    return format_digest(int(np.bitwise_xor.reduce(h)) if len(h) else 0, len(words))
+    """A content digest of a word table (see :func:`_digest_parts`) and its row count. The
+    same value comes from Spark with :func:`spark_table_digest` (tests hold them equal); it
+    does not depend on the rows' order or on how they are split into batches."""
+    total, rows = _digest_parts(table.column("word").combine_chunks(),
+                                table.column("count").to_numpy(),
+                                table.column("first_seen").to_numpy())
+    return format_digest(total, rows)
 
 
-def spark_table_digest() -> tuple[Column, Column]:
-    """The aggregate columns of :func:`table_digest` for a word-table DataFrame: (xor, rows);
-    format them with :func:`format_digest`."""
-    h = (F.shiftleft(F.crc32("word"), 32).bitwiseXOR(F.col("count"))
-         .bitwiseXOR(F.shiftleft(F.col("first_seen"), 16)))
-    return F.bit_xor(h), F.count(F.lit(1))
+def spark_table_digest(df: DataFrame) -> str:
+    """:func:`table_digest` of a word-table DataFrame, computed where its rows are (one small
+    row per partition comes back)."""
+
+    def partials(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        total = rows = 0
+        for b in batches:
+            s, n = _digest_parts(b.column("word"), b.column("count").to_numpy(),
+                                 b.column("first_seen").to_numpy())
+            total, rows = (total + s) % 2**64, rows + n
+        yield pa.RecordBatch.from_pydict({"h": [str(total)], "rows": [rows]})
+
+    got = df.select(*WORD_TABLE_COLUMNS).mapInArrow(partials, "h string, rows long").collect()
+    return format_digest(sum(int(r["h"]) for r in got), sum(r["rows"] for r in got))
 
 
-def format_digest(xor: int | None, rows: int) -> str:
-    return f"c{(int(xor or 0)) & (2**64 - 1):016x}-{int(rows)}"
+def format_digest(total: int, rows: int) -> str:
+    """``h<16 hex digits>-<rows>`` (the ``c`` prefix was an earlier, weaker digest)."""
+    return f"h{total % 2**64:016x}-{int(rows)}"
 
 
 def write_table_data(spark: SparkSession, table: pa.Table, path: str) -> None:
