@@ -177,3 +177,18 @@ def test_initial_counting_sort_in_chunks_equals_one_pass(monkeypatch):
                           chunked.state.buf[:chunked.state.buf_len])
     assert chunked.train(60, 1) == whole.train(60, 1) == train_oracle(ids, counts, base.tokens,
                                                                         60, 1)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_initial_symbols_reads_large_binary_as_binary(offset):
+    """Spark hands Python ``large_binary`` (int64 offsets) when
+    spark.sql.execution.arrow.useLargeVarTypes is on: the same symbols as ``binary``."""
+    import pyarrow as pa
+
+    from pipeline.bpe import bytes_vocab
+
+    words = [b"ab", b"cde", b"", b"f"]
+    want = fast_bpe.initial_symbols(bytes_vocab(), pa.array(words, pa.binary())[offset:])
+    got = fast_bpe.initial_symbols(bytes_vocab(), pa.array(words, pa.large_binary())[offset:])
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]
+    assert want[0].tolist() == list(b"".join(words[offset:]))

@@ -50,6 +50,8 @@ def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
     int32 ids from :meth:`BaseVocab.symbols` (``unknown``: the id of a character not in it,
     else KeyError)."""
     words = words.combine_chunks() if isinstance(words, pa.ChunkedArray) else words
+    if pa.types.is_large_binary(words.type):  # Spark's, with arrow.useLargeVarTypes
+        words = words.cast(pa.binary())  # int32 offsets, read below
     if base.alphabet == "bytes":
         offsets = np.frombuffer(words.buffers()[1], dtype=np.int32)[
             words.offset : words.offset + len(words) + 1]
