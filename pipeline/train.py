@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import re
 import resource
 import statistics
@@ -540,10 +541,20 @@ def summary(merges: int, stats: dict) -> str:
 def _leased_dirs(cfg: Config) -> list[str]:
     """The run directory, and the checkpoint directory when it is not inside it."""
     dirs = [cfg.output]
-    ckpt = cfg.checkpoint_dir
-    if ckpt and not ckpt.rstrip("/").startswith(cfg.output.rstrip("/") + "/"):
-        dirs.append(ckpt)
+    out, ckpt = _comparable(cfg.output), _comparable(cfg.checkpoint_dir)
+    if ckpt and ckpt != out and not ckpt.startswith(out.rstrip("/") + "/"):
+        dirs.append(cfg.checkpoint_dir)
     return dirs
+
+
+def _comparable(path: str) -> str:
+    """``path`` spelled so that two spellings of one directory compare equal (local paths
+    made absolute and normalized; URIs without a trailing slash)."""
+    if not path:
+        return ""
+    if fsutil.is_local(path):
+        return os.path.abspath(fsutil.local_path(path))
+    return path.rstrip("/")
 
 
 def tokenizer_name(cfg: Config) -> str:

@@ -211,3 +211,21 @@ def test_train_counts_its_words_under_their_own_lease(spark, tmp_path):
         assert staging.exists() and not (run / "words").exists()
     staging.rmdir()
     assert len(train(spark, cfg).merges) == 3
+
+
+@pytest.mark.parametrize("same", ["run", "run/", "./run/../run"])
+def test_a_checkpoint_dir_equal_to_the_output_is_leased_once(spark, tmp_path, monkeypatch,
+                                                             same):
+    """--checkpoint-dir naming the run directory itself (in any spelling) is one directory,
+    one lease: the run must not find its own lease and refuse itself."""
+    from pipeline.config import Config
+    from pipeline.train import train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some words here"] * 50}), tmp_path / "in" / "a.parquet")
+    cfg = Config(input=str(tmp_path / "in"), output=str(tmp_path / "run"), vocab_size=260,
+                 checkpoint_dir=same if same.startswith(".") else str(tmp_path / same),
+                 progress_bar=False)
+    assert len(train(spark, cfg).merges) == 3
+    assert list((tmp_path / "run").glob("merges-*.txt"))  # the checkpoints went there
