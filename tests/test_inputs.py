@@ -73,6 +73,25 @@ def test_other_formats_give_the_parquet_word_table_and_merges(spark, formats, tm
     del ref
 
 
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_files_split_across_tasks_keep_the_corpus_order(spark, formats, tmp_path, fmt):
+    """A JSON-lines or text file larger than spark.sql.files.maxPartitionBytes is read by
+    several tasks: the word table, first-seen order included, is the whole files' one."""
+    ref = count_words(spark, Config(input=f"{formats['parquet']}/*/*.parquet",
+                                    output=str(tmp_path / "ref")))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "2048")
+    try:
+        files = list(formats[fmt].glob("*/part-*"))
+        splits = spark.read.format(fmt).load([str(f) for f in files]).rdd.getNumPartitions()
+        assert splits > 2 * len(files), splits  # each file is cut in several pieces
+        count_words(spark, Config(input=f"{formats[fmt]}/*/part-*", input_format=fmt,
+                                  output=str(tmp_path / fmt)))
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert table_rows(tmp_path / fmt) == table_rows(tmp_path / "ref")
+    del ref
+
+
 def test_a_reader_spark_does_not_have_is_one_config_error(spark, tmp_path):
     with pytest.raises(ConfigError, match=r"config key 'input_format': Spark has no 'delta' "
                                           r"reader here \(delta needs the delta-spark package"):
