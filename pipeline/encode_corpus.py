@@ -180,7 +180,7 @@ def load_plan(spark: SparkSession | None, cfg: Config) -> EncodePlan:
     if engine == "tiktoken":
         try:
             args = read_tiktoken_export(cfg.tokenizer, spark).encoding_args()
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, IncompleteRun) as exc:
             raise ConfigError(f"config key 'tokenizer': {exc}") from None
     return EncodePlan(meta, engine, cfg.special_in_text, args)
 

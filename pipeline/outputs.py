@@ -471,6 +471,10 @@ def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
     recorded = run.get("files") or {}
     for name in files:
         want = recorded.get(name)
+        if want is not None and not fsutil.exists(spark, fsutil.join(run_dir, name)):
+            raise IncompleteRun(
+                f"{fsutil.join(run_dir, name)} is missing ({RUN_FILE} lists it: the run "
+                "finished with it); rerun the run's jobs/train.py command to write it again")
         if want is not None and _sha256_text(spark, fsutil.join(run_dir, name)) != want:
             raise IncompleteRun(
                 f"{fsutil.join(run_dir, name)} is not the file its run finished with (changed "

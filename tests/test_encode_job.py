@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -261,4 +262,13 @@ def test_job_end_to_end_and_exit_codes(run_dir, held_out, tmp_path):
     r = run_encode_job("--tokenizer", str(tmp_path / "not-a-run"), "--input", str(held_out),
                        "--output", str(tmp_path / "x"))
     assert r.returncode == 2 and "not a complete run (no run.json)" in r.stderr
+    assert not (tmp_path / "x").exists()
+    # a run whose tiktoken export was deleted after it finished: one line, exit 2
+    shutil.copytree(run_dir, tmp_path / "damaged")
+    (tmp_path / "damaged" / "tokenizer.tiktoken").unlink()
+    r = run_encode_job("--tokenizer", str(tmp_path / "damaged"), "--input", str(held_out),
+                       "--output", str(tmp_path / "x"), "--encode-engine", "tiktoken")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1].startswith("error: config key 'tokenizer': ")
+    assert "tokenizer.tiktoken is missing (run.json lists it" in r.stderr
     assert not (tmp_path / "x").exists()

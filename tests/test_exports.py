@@ -489,3 +489,9 @@ def test_readers_refuse_a_run_directory_that_is_not_complete(tmp_path):
     (tmp_path / "tokenizer.tiktoken").write_text("")
     with pytest.raises(IncompleteRun, match="tokenizer.tiktoken is not the file its run"):
         load_tiktoken(str(tmp_path))
+    for name in ("tokenizer.tiktoken", "tokenizer_meta.json"):  # deleted after the run
+        (tmp_path / name).unlink()
+    with pytest.raises(IncompleteRun, match="tokenizer.tiktoken is missing .run.json lists"):
+        load_tiktoken(str(tmp_path))
+    with pytest.raises(EncodeError, match="tokenizer_meta.json is missing .run.json lists"):
+        Tokenizer.load(str(tmp_path))
