@@ -147,6 +147,33 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         out.hflush()
     finally:
         out.close()
+    _rename_over(spark, fs, tmp, p, path)
+
+
+_FILE_CONTEXTS: dict[str, object] = {}  # by filesystem URI: one AbstractFileSystem each
+
+
+def _rename_over(spark: SparkSession, fs, tmp, p, path: str) -> None:
+    """Rename the file ``tmp`` over ``p`` in one step where the filesystem can: Hadoop's
+    ``FileContext.rename`` with ``OVERWRITE`` (atomic on HDFS, so a reader or another run's
+    ``create_exclusive`` never finds the file missing). A filesystem without a FileContext
+    binding gets delete, then rename."""
+    jvm = spark.sparkContext._jvm
+    uri = p.toUri()
+    key = f"{uri.getScheme()}://{uri.getAuthority() or ''}"
+    if key not in _FILE_CONTEXTS:
+        try:
+            _FILE_CONTEXTS[key] = jvm.org.apache.hadoop.fs.FileContext.getFileContext(
+                uri, spark.sparkContext._jsc.hadoopConfiguration())
+        except Exception:  # noqa: BLE001 - UnsupportedFileSystemException, through py4j
+            _FILE_CONTEXTS[key] = None
+    fc = _FILE_CONTEXTS[key]
+    if fc is not None:
+        rename = getattr(jvm.org.apache.hadoop.fs, "Options$Rename")
+        options = spark.sparkContext._gateway.new_array(rename, 1)
+        options[0] = rename.OVERWRITE
+        fc.rename(tmp, p, options)
+        return
     if fs.exists(p):
         fs.delete(p, False)
     if not fs.rename(tmp, p):
