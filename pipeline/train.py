@@ -59,7 +59,14 @@ from pipeline.memory import (
     fits_driver,
     release_freed_memory,
 )
-from pipeline.outputs import TrainedTokenizer, write_exports, write_run_json, write_trace
+from pipeline.outputs import (
+    IncompleteRun,
+    TrainedTokenizer,
+    check_run,
+    write_exports,
+    write_run_json,
+    write_trace,
+)
 from pipeline.progress import Progress, Stage
 from pipeline.report import write_report
 from pipeline.spark_session import start_session
@@ -218,6 +225,23 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     return int(row[0] or 0), int(row[1] or 0), spark_table_digest(words())
 
 
+def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
+    """Whether a complete run's files are still the ones it wrote, under the tokenizer name
+    asked for now; else (logged) its outputs are written again from its checkpoint."""
+    name = tokenizer_name(cfg)
+    if done.get("name", name) != name:
+        log.info("run at %s is complete but its tokenizer is named %r: writing its outputs "
+                 "again as %r", cfg.output, done["name"], name)
+        return False
+    try:
+        check_run(cfg.output, list(done.get("files") or ()), spark)
+    except IncompleteRun as exc:
+        log.info("run at %s is complete but its outputs changed (%s): writing them again",
+                 cfg.output, str(exc).split("; rerun")[0])
+        return False
+    return True
+
+
 def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:
     path = fsutil.join(run_dir, "run.json")
     if not fsutil.exists(spark, path):
@@ -289,7 +313,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
                     engine, why, budget, stages)
     done = _run_summary(cfg.output, spark)
     if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
-            and cfg.resume != "never"):
+            and cfg.resume != "never" and _outputs_still_valid(spark, cfg, done)):
         prep.done = done
         return prep
     ckpt.clean_temp()
@@ -449,7 +473,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json())
     fsutil.write_text(spark, fsutil.join(cfg.output, "stats.json"), json.dumps(stats, indent=2))
     write_run_json(cfg.output, {
-        "fingerprint": prep.fingerprint, "merges": len(out.merges),
+        "fingerprint": prep.fingerprint, "name": tokenizer_name(cfg), "merges": len(out.merges),
         "merges_wanted": prep.target, "stats": stats, "notes": notes,
     }, spark)
     for n in notes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -302,6 +303,30 @@ def test_large_arrow_types_from_spark_change_nothing(spark, tmp_path):
     finally:
         spark.conf.unset("spark.sql.execution.arrow.useLargeVarTypes")
     assert got == ref and len(ref) == 300 - 257
+
+
+def test_a_complete_run_with_a_new_name_or_a_lost_file_is_published_again(spark, tmp_path,
+                                                                           caplog):
+    """'Already complete' only while the run's files are the ones it wrote, under the name
+    asked for: a rerun with another --name, or after an export was deleted, writes the
+    outputs again from the checkpoint (no training); an unchanged rerun does nothing."""
+    caplog.set_level(logging.INFO, logger="pipeline.train")
+    run = tmp_path / "run"
+    kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=300,
+              progress_bar=False)
+    first = train(spark, Config(**kw))
+    assert train(spark, Config(**kw)).already_done
+    renamed = train(spark, Config(name="team-bpe", **kw))
+    assert not renamed.already_done and renamed.merges == first.merges
+    assert renamed.stats["resumed_from_merge"] == len(first.merges)  # served, not trained
+    assert json.loads((run / "tiktoken.json").read_text())["name"] == "team-bpe"
+    assert "named 'spark-bpe-run': writing its outputs again as 'team-bpe'" in caplog.text
+    assert train(spark, Config(name="team-bpe", **kw)).already_done
+    (run / "vocab.json").unlink()
+    again = train(spark, Config(name="team-bpe", **kw))
+    assert not again.already_done and (run / "vocab.json").exists()
+    assert "vocab.json is missing" in caplog.text
+    assert train(spark, Config(name="team-bpe", **kw)).already_done
 
 
 def test_spark_console_bar_stays_out_of_a_log_file(spark):
