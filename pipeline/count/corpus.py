@@ -11,6 +11,7 @@ import hashlib
 import heapq
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
@@ -365,6 +366,9 @@ def input_fingerprint(spark: SparkSession, files: list[str],
         "files": len(files),
         "bytes": sum(size for size, _ in statuses),
         "digest": hashlib.sha256("\n".join(entries).encode()).hexdigest()[:32],
+        "paths_digest": hashlib.sha256("\n".join(files).encode()).hexdigest()[:32],
+        "newest_mtime_ms": max((mtime // 1_000_000 if fsutil.is_local(f) else mtime
+                                for f, (_, mtime) in zip(files, statuses)), default=0),
     }
 
 
@@ -394,5 +398,14 @@ def describe_input_change(old: dict | None, new: dict) -> str:
     """Why a word table's input fingerprint does not match (one clause for a log line)."""
     if not old:
         return "the word table was counted without an input fingerprint (an older spark-bpe)"
-    return (f"the input changed since the word table was counted ({old.get('files')} files, "
-            f"{old.get('bytes')} bytes then; {new['files']} files, {new['bytes']} bytes now)")
+    counts = (f"{old.get('files')} files, {old.get('bytes')} bytes then; {new['files']} files, "
+              f"{new['bytes']} bytes now")
+    if old.get("paths_digest") == new["paths_digest"]:
+        then, now = (time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t / 1000)) for t in (
+            old.get("newest_mtime_ms", 0), new["newest_mtime_ms"]))
+        counts = (f"the same {new['files']} files, some rewritten or touched: "
+                  f"{old.get('bytes')} bytes then, {new['bytes']} now; newest modification "
+                  f"{then} UTC then, {now} UTC now")
+    elif "paths_digest" in old and old.get("files") == new["files"]:
+        counts = f"other files, as many as before: {counts}"
+    return f"the input changed since the word table was counted ({counts})"
