@@ -365,6 +365,47 @@ def job_keys(job: str) -> set[str]:
     return {f.name for f in fields(Config) if job in f.metadata["jobs"]}
 
 
+def _comparable(path: str) -> str:
+    """A path spelled so that two spellings of one place compare equal: local paths absolute
+    and normalized, URIs without a trailing slash; a glob is cut to the directory it starts in
+    (``corpus/*.parquet`` -> ``corpus``)."""
+    cut = min((path.index(c) for c in "*?[" if c in path), default=None)
+    if cut is not None:
+        path = path[:cut].rsplit("/", 1)[0] or "/"
+    if is_local(path):
+        return os.path.abspath(local_path(path) or ".")
+    return path.rstrip("/")
+
+
+def _inside(inner: str, outer: str) -> str | None:
+    """``inner``'s path below ``outer`` ('' when they are the same place), or None."""
+    if inner == outer:
+        return ""
+    prefix = outer.rstrip("/") + "/"
+    return inner[len(prefix):] if inner.startswith(prefix) else None
+
+
+def check_output_place(output: str, sources: list[tuple[str, str]]) -> None:
+    """An output must not be a file (or under one), hold a source, or lie inside one (unless
+    under a name the corpus readers skip: ``_runs/x``, ``.x``): writing it would replace or
+    add to what is read. ``sources``: (config key, path). Local paths only are checked here."""
+    out = _comparable(output)
+    for key, given in sources:
+        src = _comparable(given)
+        below = _inside(out, src)
+        hidden = below and any(part.startswith(("_", ".")) for part in below.split("/"))
+        if _inside(src, out) is not None or (below is not None and not hidden):
+            raise ConfigError(f"config key 'output': {output} overlaps --{key.replace('_', '-')} "
+                              f"{given} (writing it would replace or add to what is read); "
+                              "choose an output outside it")
+    if is_local(output):
+        place = out
+        while not os.path.exists(place) and os.path.dirname(place) != place:
+            place = os.path.dirname(place)
+        if os.path.exists(place) and not os.path.isdir(place):
+            raise ConfigError(f"config key 'output': {place} is a file, not a directory")
+
+
 def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     """Check everything that can be checked without Spark. ``job``: count | train | encode.
     ``frame``: the corpus is a DataFrame (``pipeline.api``), not ``input``."""
@@ -405,6 +446,10 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
         need(os.path.exists(local_path(cfg.words)),
              f"config key 'words': no word table at {cfg.words}")
     need(not cfg.input or bool(cfg.inputs), f"config key 'input': no path in {cfg.input!r}")
+    check_output_place(cfg.output, [("input", p) for p in cfg.inputs])
+    need(not cfg.words or _inside(_comparable(cfg.output), _comparable(cfg.words)) is None,
+         f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "
+         "outside it")  # (RUN/words as --words of RUN is fine: it is read before it is written)
     need(cfg.text_column != "", "config key 'text_column' is empty")
     need(cfg.pattern != "", "config key 'pattern' is empty (pattern = 'none' makes each row one "
          "word)")

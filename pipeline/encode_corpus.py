@@ -52,7 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline import fsutil
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, check_output_place
 from pipeline.count.corpus import check_text_column, read_corpus, unreadable_file_error
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
@@ -123,11 +123,8 @@ def check_encode_config(cfg: Config, spark: SparkSession | None = None,
          f"config key 'ids_column': {cfg.ids_column!r} is also a key column")
     need(len(set(cfg.key_columns)) == len(cfg.key_columns), "config key 'key_columns' has "
                                                             "duplicates")
-    out = cfg.output.rstrip("/")
-    for key, given in [*(("input", p) for p in cfg.inputs), ("tokenizer", cfg.tokenizer)]:
-        other = given.rstrip("/")
-        need(out != other and not other.startswith(out + "/") and not out.startswith(other + "/"),
-             f"config key 'output': {cfg.output} overlaps --{key} {given}")
+    check_output_place(cfg.output, [*(("input", p) for p in cfg.inputs),
+                                     ("tokenizer", cfg.tokenizer)])
     if spark is None and _local(cfg.tokenizer) is None:
         return
     try:

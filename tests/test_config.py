@@ -244,3 +244,32 @@ def test_choices_in_any_case_and_toml_tables_that_are_not_sections(tmp_path):
         f.write_text(text)
         with pytest.raises(ConfigError, match=message):
             cfg("--config", str(f))
+
+
+def test_an_output_that_overlaps_a_source_or_is_a_file_is_refused(tmp_path, monkeypatch):
+    """Writing the output must never replace or add to what is read: not the input itself,
+    not a directory holding it, not a place inside it that the readers would list (a name
+    starting with _ or . is skipped by them, so it is allowed); not a file or under one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "afile").write_text("x")
+
+    def check(output, *inputs, words=""):
+        argv = ["--input", ",".join(inputs)] if inputs else ["--words", words]
+        validate(cfg(*argv, "--output", output, "--vocab-size", "300"), "train")
+
+    for output, source in [("corpus", "corpus"), ("./corpus/", "corpus"), (".", "corpus"),
+                           ("corpus/run", "corpus"), ("corpus/run", "corpus/*.parquet"),
+                           (str(tmp_path / "corpus" / "x"), "corpus")]:
+        with pytest.raises(ConfigError, match=f"^config key 'output': {re.escape(output)} "
+                                              f"overlaps --input {re.escape(source)} "):
+            check(output, source)
+    check("corpus/_runs/r1", "corpus")  # hidden from the corpus readers
+    check("corpus-run", "corpus")  # a sibling whose name starts the same
+    for output in ("afile", "afile/run"):
+        with pytest.raises(ConfigError, match=f"{tmp_path / 'afile'} is a file, not a dir"):
+            check(output, "corpus")
+    (tmp_path / "run" / "words").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="run/words/x is in --words run/words;"):
+        check("run/words/x", words="run/words")
+    check("run", words="run/words")  # a run's own table, read before it is written

@@ -490,3 +490,30 @@ def test_tasks_report_what_they_have_read_while_they_run(spark, tmp_path, local)
     assert counts.totals() == (14, 140)  # the end's totals replace the running ones
     counts.close()
     assert counts.directory is None or not os.path.exists(counts.directory)
+
+
+def test_a_word_table_replaces_only_a_word_table(spark, tmp_path):
+    """count_words over a directory of other files, or over a file, is refused before any work
+    and nothing is lost; over an earlier word table (or an empty directory) it is replaced."""
+    out = tmp_path / "victim"
+    out.mkdir()
+    (out / "keep.txt").write_text("important")
+    cfg = Config(input=str(SAMPLE), output=str(out))
+    with pytest.raises(ConfigError, match=f"^config key 'output': {out} exists and is not a "
+                                          r"word table \(it holds keep.txt\): refusing"):
+        count_words(spark, cfg)
+    assert (out / "keep.txt").read_text() == "important"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="afile is a file, not a directory: refusing"):
+        count_words(spark, Config(input=str(SAMPLE), output=str(tmp_path / "afile")))
+    assert (tmp_path / "afile").read_text() == "x"
+    (tmp_path / "empty").mkdir()
+    first = count_words(spark, Config(input=str(SAMPLE), output=str(tmp_path / "empty")))
+    again = count_words(spark, Config(input=str(SAMPLE), output=str(tmp_path / "empty")))
+    assert again.meta["digest"] == first.meta["digest"]
+    r = subprocess.run([sys.executable, str(REPO / "jobs" / "count_words.py"), "--input",
+                        str(tmp_path / "empty"), "--output", str(tmp_path / "empty")],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(
+        f"error: config key 'output': {tmp_path / 'empty'} overlaps --input "), r.stderr[-500:]
+    assert (tmp_path / "empty" / "word_table.json").exists()

@@ -30,6 +30,7 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.word_table import (
     WORD_TABLE_ARROW_SCHEMA,
+    check_replaceable,
     publish_word_table,
     table_digest,
     word_table_meta,
@@ -186,6 +187,7 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
     """Write ``source`` (an external table) as a word table of ours at ``dest``; returns its
     metadata (the pretokenizer settings are the run's own: the table is taken as given).
     ``check``: the output's lease, checked before publishing."""
+    check_replaceable(spark, dest)
     names = fsutil.list_dir(spark, source)
     is_tsv = source.endswith(TSV_SUFFIXES) or any(f.endswith(TSV_SUFFIXES)
                                                   for f in names or ())

@@ -52,6 +52,7 @@ from pipeline.count.word_table import (
     WORD_TABLE_SCHEMA,
     WordTable,
     arrow_ipc,
+    check_replaceable,
     iter_arrow,
     publish_word_table,
     table_digest,
@@ -653,6 +654,7 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
     partitions in order, rows in partition order)."""
     t0 = time.time()
+    check_replaceable(spark, cfg.output)
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
                                     bar=cfg.progress_bar)
     sc = spark.sparkContext

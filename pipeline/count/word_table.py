@@ -221,6 +221,28 @@ def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: in
     return meta
 
 
+# what a word table directory holds (with the hidden and underscored files writers add)
+_TABLE_ENTRIES = frozenset({"data", "word_table.json", "stats.json", "config.json"})
+
+
+def check_replaceable(spark: SparkSession | None, path: str) -> None:
+    """Refuse to write a word table over ``path`` unless it is missing, empty, or a word table
+    (whole, or one an interrupted writer left on an object store): never replace a directory
+    of other files, or a file."""
+    names = fsutil.list_dir(spark, path)
+    if names is None:
+        if fsutil.exists(spark, path):
+            raise ConfigError(f"config key 'output': {path} is a file, not a directory: "
+                              "refusing to replace it")
+        return
+    other = sorted(n for n in names if n not in _TABLE_ENTRIES and not n.startswith(("_", ".")))
+    if other:
+        raise ConfigError(
+            f"config key 'output': {path} exists and is not a word table (it holds "
+            f"{', '.join(other[:3])}{', ...' if len(other) > 3 else ''}): refusing to replace "
+            "it; remove it or choose another --output")
+
+
 def publish_word_table(spark: SparkSession, tmp: str, dest: str, meta: dict, stats: dict,
                        config_json: str | None = None,
                        check: Callable[[], None] | None = None) -> None:
