@@ -116,6 +116,8 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     """The run's own table at ``own``: reused while its input and settings match, else
     counted (holding ``lease``)."""
     changed = False
+    if fsutil.exists(spark, fsutil.join(own, "word_table.json")):
+        _refuse_other_settings(spark, cfg, open_word_table(spark, own))
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
         same_source = all(wt.meta.get(k, default) == getattr(cfg, k) for k, default in (
@@ -151,6 +153,22 @@ def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:
     a way that can matter (normalization or lowercasing with special tokens)."""
     return (wt.meta.get("special_tokens_cut") != SPECIAL_TOKENS_CUT and bool(cfg.special_tokens)
             and (cfg.lowercase or cfg.normalization != "none"))
+
+
+def _refuse_other_settings(spark: SparkSession, cfg: Config, wt: WordTable) -> None:
+    """A run whose checkpoints were made with other split settings than these would be refused
+    when it loads them: refuse it before its count replaces the run's word table (which a
+    later --words run, or the unchanged command, would then find changed)."""
+    differ = {k: v for k, v in _table_settings(wt).items() if getattr(cfg, k) != v}
+    ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
+    if not differ or cfg.resume == "never" or not any(
+            n.startswith("merges-") for n in fsutil.list_dir(spark, ckdir) or ()):
+        return
+    said = ", ".join(f"{k} {v!r} then, {getattr(cfg, k)!r} now" for k, v in differ.items())
+    raise ConfigError(
+        f"{cfg.output} was trained with other split settings ({said}): its checkpoints in "
+        f"{ckdir} do not fit this run. Use another --output, or start fresh with "
+        "--resume never (deletes these checkpoints)")
 
 
 def _table_settings(wt: WordTable) -> dict:

@@ -329,6 +329,27 @@ def test_a_complete_run_with_a_new_name_or_a_lost_file_is_published_again(spark,
     assert train(spark, Config(name="team-bpe", **kw)).already_done
 
 
+def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spark, tmp_path):
+    """A rerun with --lowercase over a finished run: refused (its checkpoints do not fit)
+    before the count, so RUN/words is still the table the run trained on; --resume never
+    starts fresh."""
+    from pipeline.config import ConfigError
+
+    run = tmp_path / "run"
+    kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=300,
+              progress_bar=False)
+    train(spark, Config(**kw))
+    table = (run / "words" / "word_table.json").read_text()
+    with pytest.raises(ConfigError, match=r"was trained with other split settings \(lowercase "
+                                          r"False then, True now\): its checkpoints in "):
+        train(spark, Config(lowercase=True, **kw))
+    assert (run / "words" / "word_table.json").read_text() == table
+    assert (run / "run.json").exists()
+    fresh = train(spark, Config(lowercase=True, resume="never", **kw))
+    assert json.loads((run / "words" / "word_table.json").read_text())["pretokenizer"][
+        "lowercase"] is True and len(fresh.merges) == 300 - 257
+
+
 def test_spark_console_bar_stays_out_of_a_log_file(spark):
     """Under pytest stderr is not a terminal, as in a scheduler's log: the session was built
     with Spark's \\r progress bar off (a plain `python jobs/...` is a "shell" to Spark, which
