@@ -186,7 +186,7 @@ class Checkpointer:
                 raise ConfigError(
                     f"checkpoint {path} belongs to a different config or corpus: {why}. "
                     "Use another --checkpoint-dir / --output, or start fresh with "
-                    "--resume never (deletes these checkpoints)"
+                    "--resume never (resume='never' in pipeline.api; deletes these checkpoints)"
                 )
             log.info("resuming from checkpoint %s (%d merges)", path, len(merges))
             self.last_written = len(merges)

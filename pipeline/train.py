@@ -145,7 +145,9 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
     wt = count_words(spark, sub, progress, frame, lease)
-    return WordTableChoice(wt, time.time() - t0, changed)
+    # a DataFrame is counted on every run: checkpoints of another DataFrame are stale, as
+    # those of a changed input are (the same DataFrame gives the same table and resumes)
+    return WordTableChoice(wt, time.time() - t0, changed or frame is not None)
 
 
 def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:
@@ -168,7 +170,7 @@ def _refuse_other_settings(spark: SparkSession, cfg: Config, wt: WordTable) -> N
     raise ConfigError(
         f"{cfg.output} was trained with other split settings ({said}): its checkpoints in "
         f"{ckdir} do not fit this run. Use another --output, or start fresh with "
-        "--resume never (deletes these checkpoints)")
+        "--resume never (resume='never' in pipeline.api; deletes these checkpoints)")
 
 
 def _table_settings(wt: WordTable) -> dict:

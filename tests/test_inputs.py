@@ -270,6 +270,25 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     del again
 
 
+def test_another_dataframe_on_the_same_output_trains_afresh(spark, tmp_path):
+    """A DataFrame is counted on every run, as a changed input is recounted: another one on the
+    same output deletes the stale checkpoints and trains (it was refused, advising a CLI
+    flag); the same one again resumes and changes nothing."""
+    from pipeline import api
+
+    one = spark.createDataFrame([("ab ab ab cd cd",)] * 20, "text string")
+    two = spark.createDataFrame([("ef ef ef gh gh",)] * 20, "text string")
+    kw = dict(num_merges=3, min_pair_count=1)
+    api.train(one, output=str(tmp_path / "run"), **kw)
+    second = api.train(two, output=str(tmp_path / "run"), **kw)
+    fresh = api.train(two, output=str(tmp_path / "fresh"), **kw)
+    assert second.stats["resumed_from_merge"] == 0
+    assert (tmp_path / "run" / "merges.txt").read_text() == (
+        tmp_path / "fresh" / "merges.txt").read_text() and fresh.merges == 3
+    again = api.train(two, output=str(tmp_path / "run"), **kw)
+    assert again.already_done  # the same table: the run is complete
+
+
 def test_the_readme_python_api_example_runs(spark, tmp_path, monkeypatch):
     """The README's first ``python`` block under "Python API", run as written (its relative
     paths in a scratch directory holding data/sample)."""
