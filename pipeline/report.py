@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import logging
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -490,22 +491,67 @@ def _examples_section(sample: SampleStats | None) -> list[str]:
 # -- the Spark-facing entry point ----------------------------------------------------------------
 
 def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
-    """Up to ``report_sample_rows`` rows: from ``report_sample`` (held out) or the input;
-    the first rows of up to ``SAMPLE_FILES`` files spread over it, so the cost is bounded."""
+    """Up to ``report_sample_rows`` rows: from ``report_sample`` (held out, Parquet) or the
+    training input (every source, any format, or the catalog table); the first rows of up to
+    ``SAMPLE_FILES`` Parquet files spread over it, or, through Spark's reader for other
+    formats, the first rows of each source, so the cost is bounded."""
+    n = cfg.report_sample_rows
+    if cfg.report_sample:
+        sources, parquet = [cfg.report_sample], True
+    else:
+        sources = [cfg.input_table] if cfg.input_table else list(cfg.inputs)
+        parquet = cfg.input_format == "parquet" and not cfg.input_table
+    if not sources or n <= 0:
+        return [], "", False
+    rows = _parquet_rows(spark, cfg, sources, n) if parquet else _reader_rows(spark, cfg,
+                                                                              sources, n)
+    if cfg.report_sample:
+        label = f"{len(rows)} rows held out in {cfg.report_sample}"
+    else:
+        label = (f"{len(rows)} rows of the training input "
+                 f"{cfg.input_table or cfg.input} (not held out: set report_sample to a "
+                 "Parquet of held-out text for an unbiased curve)")
+    return rows, label, bool(cfg.report_sample)
+
+
+def check_report_sample(cfg) -> None:
+    """A local ``report_sample`` must be Parquet with the text column: said before the count
+    (a one-line config error), not found after training as a report without its sample."""
+    import pyarrow.parquet as pq
+
+    from pipeline.config import ConfigError
+    from pipeline.count.corpus import first_line, list_local_corpus
+
+    path = cfg.report_sample
+    if not path or not fsutil.is_local(path) or any(c in path for c in "*?[{"):
+        return
+    why = ""
+    try:
+        files = list_local_corpus(path, cfg.text_column,
+                                  skipped=[] if cfg.ignore_corrupt_files else None)
+        if files is None and os.path.isfile(fsutil.local_path(path)):
+            names = pq.read_schema(fsutil.local_path(path)).names
+            if cfg.text_column not in names:
+                why = f"no column {cfg.text_column!r} (columns: {', '.join(names)})"
+    except ConfigError as exc:
+        why = str(exc).removeprefix("config key 'input': ")
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+        why = first_line(exc)
+    if why:
+        raise ConfigError(f"config key 'report_sample': {path} is not a Parquet sample of "
+                          f"held-out text: {why}")
+
+
+def _parquet_rows(spark, cfg, sources: list[str], n: int) -> list:
     from pyspark.sql import functions as F
 
-    path = cfg.report_sample or cfg.input
-    if not path or cfg.report_sample_rows <= 0:
-        return [], "", False
-    # a bounded read whatever the corpus size: the first rows of up to SAMPLE_FILES files
-    # spread over the input (in path order)
     from pipeline.count.corpus import list_local_corpus
 
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
-    files = list_local_corpus(path, cfg.text_column, skipped=skipped) or sorted(
-        spark.read.parquet(path).inputFiles())
+    files = [f for src in sources for f in list_local_corpus(src, cfg.text_column,
+                                                              skipped=skipped)
+             or sorted(spark.read.parquet(src).inputFiles())]
     picked = files[:: max(1, len(files) // SAMPLE_FILES)][:SAMPLE_FILES]
-    n = cfg.report_sample_rows
     per_file = -(-n // max(len(picked), 1))
     rows: list = []
     for f in picked:
@@ -526,12 +572,20 @@ def _sample_texts(spark, cfg) -> tuple[list, str, bool]:
             continue
         if len(rows) >= n:
             break
-    if cfg.report_sample:
-        label = f"{len(rows)} rows held out in {cfg.report_sample}"
-    else:
-        label = (f"{len(rows)} rows of the training input {cfg.input} (not held out: set "
-                 "report_sample to a Parquet of held-out text for an unbiased curve)")
-    return rows, label, bool(cfg.report_sample)
+    return rows
+
+
+def _reader_rows(spark, cfg, sources: list[str], n: int) -> list:
+    """The first rows of each source through the count's own reader (JSON, text, CSV, ORC,
+    Delta, a catalog table): one bounded Spark job per source."""
+    from pipeline.count.corpus import read_source
+
+    rows: list = []
+    per_source = -(-n // len(sources))
+    for name in sources:
+        df = read_source(spark, cfg, name, None)[0].select(cfg.text_column)
+        rows += [r[0] for r in df.limit(min(per_source, n - len(rows))).collect()]
+    return rows
 
 
 def _first_rows(path: str, column: str, n: int) -> list:

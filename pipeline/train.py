@@ -68,7 +68,7 @@ from pipeline.outputs import (
     write_trace,
 )
 from pipeline.progress import Progress, Stage
-from pipeline.report import write_report
+from pipeline.report import check_report_sample, write_report
 from pipeline.spark_session import start_session
 
 log = logging.getLogger(__name__)
@@ -306,6 +306,7 @@ class Prepared:
 def prepare(spark: SparkSession, cfg: Config, progress: Progress,
             session_seconds: float = 0.0, frame: DataFrame | None = None) -> Prepared:
     """Stage 1: the word table, the settings fingerprint, the checkpoint, the engine."""
+    check_report_sample(cfg)
     if frame is not None or _will_use_spark_sql(cfg):
         start_session(spark)
     stages: dict[str, float] = {"spark_session": round(session_seconds, 3)}

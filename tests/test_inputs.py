@@ -92,6 +92,28 @@ def test_files_split_across_tasks_keep_the_corpus_order(spark, formats, tmp_path
     del ref
 
 
+def test_the_report_samples_every_input_kind(spark, formats, tmp_path):
+    """report.html's sample comes from the training input whatever it is (JSON lines, several
+    sources); a report_sample that is not Parquet is a config error before the count."""
+    from pipeline.config import ConfigError
+
+    def report(out: str, **kw) -> str:
+        train(spark, Config(output=str(tmp_path / out), vocab_size=300, progress_bar=False,
+                            report_sample_rows=40, **kw))
+        return (tmp_path / out / "report.html").read_text()
+
+    page = report("js", input=f"{formats['json']}/*/part-*", input_format="json")
+    assert "40 rows of the training input" in page and "no sample in" not in page
+    two = f"{formats['parquet']}/a,{formats['parquet']}/b"
+    page = report("two", input=two, input_weights=[3, 1])
+    assert f"40 rows of the training input {two}" in page and "no sample in" not in page
+    with pytest.raises(ConfigError, match=f"^config key 'report_sample': {formats['json']}/a "
+                                          "is not a Parquet sample of held-out text: "):
+        report("held", input=str(formats["parquet"] / "a"),
+               report_sample=str(formats["json"] / "a"))
+    assert not (tmp_path / "held" / "words").exists()  # said before the count
+
+
 def test_a_reader_spark_does_not_have_is_one_config_error(spark, tmp_path):
     with pytest.raises(ConfigError, match=r"config key 'input_format': Spark has no 'delta' "
                                           r"reader here \(delta needs the delta-spark package"):

@@ -41,7 +41,7 @@ def read_corpus(spark: SparkSession, path: str, text_column: str
     """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
     job's input: every row gets its ids, so an unreadable file is never skipped)."""
     cfg = Config(input=path, text_column=text_column)
-    df, files, _, _ = _read_source(spark, cfg, path, None, can_skip=False)
+    df, files, _, _ = read_source(spark, cfg, path, None, can_skip=False)
     if not files:
         raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
     return df, files
@@ -200,7 +200,7 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
     corpus = Corpus([], [], [])
     frames = []
     for i, name in enumerate(names):
-        df, files, block, row = _read_source(spark, cfg, name, frame)
+        df, files, block, row = read_source(spark, cfg, name, frame)
         frames.append(df.select(F.col(cfg.text_column).alias("text"),
                                 F.lit(i).cast("int").alias("source"),
                                 (F.col("_metadata.file_path") if frame is None and files != [name]
@@ -214,7 +214,7 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
     return corpus
 
 
-def _read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None,
+def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None,
                  can_skip: bool = True) -> tuple[DataFrame, list[str], Column, Column]:
     """One source: its DataFrame, its files in path order, and the columns that order its
     rows: (block, row) = (0, row index in the file) for Parquet; (split start, None: numbered
