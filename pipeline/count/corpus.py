@@ -9,6 +9,7 @@ import contextlib
 import functools
 import hashlib
 import heapq
+import logging
 import os
 import re
 import time
@@ -26,6 +27,8 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.spark_session import start_session
 
+log = logging.getLogger(__name__)
+
 UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
 
 
@@ -41,7 +44,7 @@ def read_corpus(spark: SparkSession, path: str, text_column: str
     """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
     job's input: every row gets its ids, so an unreadable file is never skipped)."""
     cfg = Config(input=path, text_column=text_column)
-    df, files, _, _ = read_source(spark, cfg, path, None, can_skip=False)
+    df, files, *_ = read_source(spark, cfg, path, None, can_skip=False)
     if not files:
         raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
     return df, files
@@ -200,11 +203,10 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
     corpus = Corpus([], [], [])
     frames = []
     for i, name in enumerate(names):
-        df, files, block, row = read_source(spark, cfg, name, frame)
+        df, files, path, block, row = read_source(spark, cfg, name, frame)
         frames.append(df.select(F.col(cfg.text_column).alias("text"),
                                 F.lit(i).cast("int").alias("source"),
-                                (F.col("_metadata.file_path") if frame is None and files != [name]
-                                 else F.lit(name)).alias("path"),
+                                path.alias("path"),
                                 block.cast("long").alias("block"),
                                 row.cast("long").alias("row")))
         corpus.files += files
@@ -215,11 +217,13 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
 
 
 def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None,
-                 can_skip: bool = True) -> tuple[DataFrame, list[str], Column, Column]:
+                can_skip: bool = True) -> tuple[DataFrame, list[str], Column, Column, Column]:
     """One source: its DataFrame, its files in path order, and the columns that order its
-    rows: (block, row) = (0, row index in the file) for Parquet; (split start, None: numbered
-    in the task) for other file formats; (Spark partition, None) for a DataFrame or a table
-    without files. ``can_skip``: the job takes ``--ignore-corrupt-files`` (for the message)."""
+    rows: (file path, block, row) = (the row's file, 0, row index in the file) for Parquet;
+    (the row's file, split start, None: numbered in the task) for other file formats; (the
+    one name, Spark partition, None) for a DataFrame, a table without files or a view over
+    files (which has no file metadata: its rows count as its first file's). ``can_skip``: the
+    job takes ``--ignore-corrupt-files`` (for the message)."""
     what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
     try:
         if frame is not None:
@@ -253,11 +257,17 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         if frame is None and cfg.input_table:
             raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "
                               "table); read it into a DataFrame and use pipeline.api")
-        return df, [name], F.spark_partition_id(), F.lit(None)
+        return df, [name], F.lit(name), F.spark_partition_id(), F.lit(None)
+    meta = _metadata_fields(df)
+    if meta is None:  # a view over files: no file metadata, so its partitions, in order
+        log.info("%s: %r has no file metadata (a view): its rows are counted in the order of "
+                 "its Spark partitions", what, name)
+        return df, files, F.lit(files[0]), F.spark_partition_id(), F.lit(None)
+    path = F.col("_metadata.file_path")
     parquet = cfg.input_format == "parquet" and not cfg.input_table
-    if parquet or _has_row_index(df):  # (a catalog table stored as Parquet has them too)
-        return df, files, F.lit(0), F.col("_metadata.row_index")
-    return df, files, F.col("_metadata.file_block_start"), F.lit(None)
+    if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
+        return df, files, path, F.lit(0), F.col("_metadata.row_index")
+    return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
 
 
 def _reason(exc: Exception) -> str:
@@ -270,15 +280,16 @@ def _reason(exc: Exception) -> str:
     return first_line(exc)
 
 
-def _has_row_index(df: DataFrame) -> bool:
-    """Whether a file source's ``_metadata`` has ``row_index`` (Parquet's), read from its
-    schema: resolving a missing field instead would have PySpark log the failure as an ERROR
-    with a Java stack trace, although it is caught."""
+def _metadata_fields(df: DataFrame) -> list[str] | None:
+    """The fields of a file source's ``_metadata`` (Parquet's include ``row_index``), read
+    from its schema, or None when it has none (a view): resolving a missing field instead
+    would have PySpark log the failure as an ERROR with a Java stack trace, although it is
+    caught."""
     try:
         meta = df.select("_metadata").schema["_metadata"].dataType
     except AnalysisException:
-        return False
-    return isinstance(meta, T.StructType) and "row_index" in meta.fieldNames()
+        return None
+    return meta.fieldNames() if isinstance(meta, T.StructType) else None
 
 
 def check_text_column(df: DataFrame, text_column: str, name: str) -> None:
