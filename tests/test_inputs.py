@@ -3,6 +3,8 @@ gives the same word table (counts and first-seen order) and the same merges as P
 
 from __future__ import annotations
 
+import logging
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -234,13 +236,32 @@ def test_a_tsv_table_on_another_filesystem_is_read_through_spark(spark, tmp_path
         external.read_tsv(str(d), spark)
 
 
-def test_a_malformed_external_table_is_one_config_error(tmp_path):
+def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
     from pipeline.config import ConfigError
     from pipeline.count.external import read_tsv
 
     (tmp_path / "bad.tsv").write_text("the\t12\nbroken line without a count\n")
     with pytest.raises(ConfigError, match=r"bad\.tsv line 2 is not 'word<TAB>count"):
         read_tsv(str(tmp_path / "bad.tsv"))
+    from pipeline.count.external import canonical, read_parquet
+
+    for name, table, why in [
+            ("floats", {"word": ["ab", "cd"], "count": [2.5, 3.0]}, "'count' is double, not "
+                                                                   "integers"),
+            ("ints", {"word": [1, 2], "count": [2, 3]}, "'word' is int64, not string or binary"),
+            ("seen", {"word": ["ab"], "count": [2], "first_seen": ["x"]},
+             "'first_seen' is string, not integers")]:
+        pq.write_table(pa.table(table), tmp_path / f"{name}.parquet")
+        with pytest.raises(ConfigError, match=f"^config key 'words': .*{name}.parquet column "
+                                              f"{why}$"):
+            read_parquet(None, str(tmp_path / f"{name}.parquet"))
+    # rows without a usable count or word are left out, and said so
+    pq.write_table(pa.table({"word": ["ab", None, "", "cd", "ef"], "count": [2, 5, 5, None, -1]}),
+                   tmp_path / "holes.parquet")
+    with caplog.at_level(logging.WARNING, logger="pipeline.count.external"):
+        kept = canonical(read_parquet(None, str(tmp_path / "holes.parquet")))
+    assert kept.column("word").to_pylist() == [b"ab"] and kept.column("count").to_pylist() == [2]
+    assert "left out 4 of 5 rows (a count below 1, or an empty or null word)" in caplog.text
 
 
 def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):

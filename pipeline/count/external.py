@@ -150,6 +150,14 @@ def read_parquet(spark, path: str) -> pa.Table:
                           f"(columns: {t.column_names}); an external word table needs word "
                           "and count, and may have first_seen")
     word = t.column("word")
+    if not any(is_(word.type) for is_ in (pa.types.is_string, pa.types.is_large_string,
+                                          pa.types.is_binary, pa.types.is_large_binary)):
+        raise ConfigError(f"config key 'words': {path} column 'word' is {word.type}, not "
+                          "string or binary")
+    for name in ("count", "first_seen"):
+        if name in t.column_names and not pa.types.is_integer(t.column(name).type):
+            raise ConfigError(f"config key 'words': {path} column {name!r} is "
+                              f"{t.column(name).type}, not integers")
     if pa.types.is_string(word.type) or pa.types.is_large_string(word.type):
         word = pc.cast(word, pa.binary())
     first = (t.column("first_seen") if "first_seen" in t.column_names
@@ -165,6 +173,9 @@ def canonical(table: pa.Table) -> pa.Table:
     counts = table.column("count").to_numpy()
     first = table.column("first_seen").to_numpy()
     keep = (counts > 0) & (pc.binary_length(words).to_numpy(zero_copy_only=False) > 0)
+    if not keep.all():
+        log.warning("the external word table: left out %d of %d rows (a count below 1, or an "
+                    "empty or null word)", len(keep) - int(keep.sum()), len(keep))
     words = words.filter(pa.array(keep))
     counts, first = counts[keep], first[keep]
     enc = pc.dictionary_encode(words)
