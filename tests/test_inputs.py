@@ -262,6 +262,16 @@ def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
         kept = canonical(read_parquet(None, str(tmp_path / "holes.parquet")))
     assert kept.column("word").to_pylist() == [b"ab"] and kept.column("count").to_pylist() == [2]
     assert "left out 4 of 5 rows (a count below 1, or an empty or null word)" in caplog.text
+    # a run directory given where its word table belongs: said so
+    from pipeline.count.external import import_word_table
+
+    (tmp_path / "run" / "words").mkdir(parents=True)
+    (tmp_path / "run" / "words" / "word_table.json").write_text("{}")
+    (tmp_path / "run" / "merges.txt").write_text("#version: 0.2\n")
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=f"^config key 'words': {run} is a run directory; its "
+                                          f"word table is {run}/words$"):
+        import_word_table(None, Config(), str(tmp_path / "run"), str(tmp_path / "out" / "words"))
 
 
 def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):

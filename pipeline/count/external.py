@@ -198,8 +198,12 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
     """Write ``source`` (an external table) as a word table of ours at ``dest``; returns its
     metadata (the pretokenizer settings are the run's own: the table is taken as given).
     ``check``: the output's lease, checked before publishing."""
-    check_replaceable(spark, dest)
     names = fsutil.list_dir(spark, source)
+    if names and "words" in names and fsutil.exists(
+            spark, fsutil.join(source, "words", "word_table.json")):
+        raise ConfigError(f"config key 'words': {source} is a run directory; its word table is "
+                          f"{fsutil.join(source, 'words')}")
+    check_replaceable(spark, dest)
     is_tsv = source.endswith(TSV_SUFFIXES) or any(f.endswith(TSV_SUFFIXES)
                                                   for f in names or ())
     table = canonical(read_tsv(source, spark) if is_tsv else read_parquet(spark, source))
