@@ -573,8 +573,9 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFr
     except Exception as exc:
         fsutil.delete(spark, tmp)
         msg = _row_error(exc)
-        if msg is not None:
-            raise ConfigError(f"config key 'special_in_text': {msg}") from None
+        if msg is not None:  # a row this config cannot encode: which key decides that
+            key = "tokenizer" if "chars-alphabet vocabulary" in msg else "special_in_text"
+            raise ConfigError(f"config key '{key}': {msg}") from None
         raise
     finally:
         bc.unpersist()

@@ -357,7 +357,9 @@ class Tokenizer:
             return self.base.symbols(word)  # bytes: ints that numpy takes without a copy
         except KeyError as exc:
             raise EncodeError(f"character {exc.args[0]!r} is not in this chars-alphabet "
-                              "vocabulary") from None
+                              "vocabulary (a chars run encodes only the characters its "
+                              "corpus had; train with alphabet = 'bytes' to encode any "
+                              "text)") from None
 
     def encode_word(self, word: str) -> list[int]:
         """One pretokenized word (no splitting, no normalization), in O(n log n) whatever its

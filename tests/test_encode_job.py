@@ -190,6 +190,14 @@ def test_chars_alphabet_run_encodes_with_the_reference(spark, tmp_path):
     ids = read_output(tmp_path / "o2").sort_by("row").column("ids").to_pylist()
     assert ids == [ref.encode("the baker bakes"), ref.encode("cakes")]
     assert ref.decode(ids[0]) == "the baker bakes"
+    # a character the run never saw: the tokenizer is what cannot encode it
+    (tmp_path / "unseen").mkdir()
+    pq.write_table(pa.table({"text": ["the Σ baker"]}), tmp_path / "unseen" / "a.parquet")
+    with pytest.raises(ConfigError, match="^config key 'tokenizer': .*character 'Σ' is not in "
+                                          "this chars-alphabet vocabulary .*alphabet = 'bytes'"):
+        encode_corpus(spark, Config(input=str(tmp_path / "unseen"), tokenizer=base["tokenizer"],
+                                    output=str(tmp_path / "o3")))
+    assert not (tmp_path / "o3").exists()
 
 
 def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
