@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -133,7 +132,8 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
             now = input_fingerprint(spark, files, footers)
             then = wt.meta.get("input_fingerprint")
             if then and then.get("digest") == now["digest"]:
-                start_session(spark)  # the table is read back through Spark
+                if not fsutil.is_local(own) or "byte_symbols" not in wt.meta:
+                    start_session(spark)  # the table will be read or summed through Spark
                 log.info("reusing the word table already counted at %s (input unchanged: "
                          "%d files, %d bytes)", own, now["files"], now["bytes"])
                 return WordTableChoice(wt, 0.0, False)
@@ -232,12 +232,12 @@ def _load_local(spark: SparkSession, wt: WordTable, base: BaseVocab
 
 def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab
                    ) -> tuple[int, int, str]:
-    """(corpus tokens, distinct-word symbols, content digest of the word table): from memory
-    when the table was just counted here (bytes alphabet), else in one Spark job."""
-    if wt.table is not None and base.alphabet == "bytes" and "digest" in wt.meta:
-        lengths = pc.binary_length(wt.table.column("word")).to_numpy().astype(np.int64)
-        total = int(np.dot(lengths, wt.table.column("count").to_numpy()))
-        return total, int(lengths.sum()), wt.meta["digest"]
+    """(corpus tokens, distinct-word symbols, content digest of the word table): from its
+    word_table.json when the table was in memory when written (bytes alphabet), else in Spark
+    jobs."""
+    if base.alphabet == "bytes" and all(k in wt.meta for k in ("digest", "byte_tokens",
+                                                                "byte_symbols")):
+        return wt.meta["byte_tokens"], wt.meta["byte_symbols"], wt.meta["digest"]
     word_len = F.length("word")  # bytes
     if base.alphabet == "chars":
         word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))

@@ -274,6 +274,11 @@ def test_driver_digest_equals_sparks(spark, mixed_corpus, tmp_path):
     assert word_table.spark_table_digest(spark.read.parquet(str(out / "data"))
                                          .repartition(5)) == wt.meta["digest"]
     assert json.loads((out / "word_table.json").read_text())["digest"] == wt.meta["digest"]
+    # the tokens and symbols a reused table is trusted with, against Spark's own sums
+    row = spark.read.parquet(str(out / "data")).selectExpr(
+        "sum(length(word) * count)", "sum(length(word))").first()
+    on_disk = json.loads((out / "word_table.json").read_text())
+    assert (on_disk["byte_tokens"], on_disk["byte_symbols"]) == (row[0], row[1])
     changed = wt.table.set_column(1, "count", pc.add(wt.table.column("count"), 1))
     assert word_table.table_digest(changed) != wt.meta["digest"]
 

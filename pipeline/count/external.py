@@ -32,7 +32,7 @@ from pipeline.count.word_table import (
     WORD_TABLE_ARROW_SCHEMA,
     check_replaceable,
     publish_word_table,
-    table_digest,
+    table_summary,
     word_table_meta,
     write_table_data,
 )
@@ -217,7 +217,7 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
     stats = {"rows": table.num_rows, "words": words, "bytes": nbytes,
              "unique_words": table.num_rows}
     meta = word_table_meta(cfg.pretokenizer_spec(), cfg.text_column, 0, stats,
-                           {"input": "", "external": source}, digest=table_digest(table))
+                           {"input": "", "external": source}, summary=table_summary(table))
     publish_word_table(spark, tmp, dest, meta, stats, check=check)
     log.info("imported the external word table %s: %d distinct words, %d words (first-seen "
              "order: %s) -> %s", source, table.num_rows, words,

@@ -55,7 +55,7 @@ from pipeline.count.word_table import (
     check_replaceable,
     iter_arrow,
     publish_word_table,
-    table_digest,
+    table_summary,
     word_table_meta,
     write_table_data,
 )
@@ -814,7 +814,7 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
                                                 "rows_with_long_words")},
                 "unreadable_files": stats["skipped_files"]}
     meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, source, left_out,
-                           None if merged is None else table_digest(merged))
+                           None if merged is None else table_summary(merged))
     publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(), check)
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",

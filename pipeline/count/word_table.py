@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -71,6 +72,16 @@ def table_digest(table: pa.Table) -> str:
                                 table.column("count").to_numpy(),
                                 table.column("first_seen").to_numpy())
     return format_digest(total, rows)
+
+
+def table_summary(table: pa.Table) -> dict:
+    """What training needs to know of a table before reading it, kept in ``word_table.json``:
+    its digest, and its tokens and distinct-word symbols in the bytes alphabet (sums of byte
+    lengths, weighted by count and not)."""
+    lengths = pc.binary_length(table.column("word")).to_numpy().astype(np.int64)
+    return {"digest": table_digest(table),
+            "byte_tokens": int(np.dot(lengths, table.column("count").to_numpy())),
+            "byte_symbols": int(lengths.sum())}
 
 
 def spark_table_digest(df: DataFrame) -> str:
@@ -194,7 +205,7 @@ def arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:
 
 def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: int,
                     stats: dict, source: dict, left_out: dict | None = None,
-                    digest: str | None = None) -> dict:
+                    summary: dict | None = None) -> dict:
     """``word_table.json``: the format, where the words came from (``source``: the input and
     its fingerprint, or the external table), the settings that made them (part of every
     checkpoint's fingerprint), what they add up to and what was left out."""
@@ -216,8 +227,7 @@ def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: in
         "left_out": {"long_words": 0, "long_word_bytes": 0, "rows_with_long_words": 0,
                      "unreadable_files": [], **(left_out or {})},
     }
-    if digest is not None:
-        meta["digest"] = digest
+    meta.update(summary or {})  # table_summary, when the table was in memory
     return meta
 
 
