@@ -128,6 +128,8 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     if cfg.master:
         options["spark.master"] = master
     default("spark.master", master)
+    if submitted.get("spark.app.name") == "pyspark-shell":  # a plain `python jobs/...`:
+        submitted.pop("spark.ui.showConsoleProgress", None)  # Spark's shell default, not yours
     if submitted.get("spark.app.name", "") in _DEFAULT_APP_NAMES:
         submitted.pop("spark.app.name")
     default("spark.app.name", app_name)

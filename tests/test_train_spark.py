@@ -358,3 +358,29 @@ def test_spark_console_bar_stays_out_of_a_log_file(spark):
 
     assert not sys.stderr.isatty()
     assert spark.sparkContext.getConf().get("spark.ui.showConsoleProgress") == "false"
+
+
+def test_a_plain_python_job_draws_no_spark_bar_into_its_log(tmp_path):
+    """`python jobs/count_words.py ... 2> log`: Spark marks the application a shell and turns
+    its bar on; that is Spark's default, not the user's, so it is off when stderr is not a
+    terminal (the count's tasks pause 1.5 s, long enough for the bar to be drawn)."""
+    from .sparkjobs import job_env
+
+    r = subprocess.run([sys.executable, str(REPO / "jobs" / "count_words.py"), "--input",
+                        str(REPO / "data" / "sample"), "--output", str(tmp_path / "w"),
+                        "--count-reader", "spark"], capture_output=True, text=True,
+                       env=job_env(SPARK_BPE_INJECT="count_task=pause:1.5"), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "[Stage" not in r.stderr + r.stdout and "\r" not in r.stderr, r.stderr[-2000:]
+    # a column missing from a JSON corpus (found by Spark's reader while the workers warm up):
+    # the error is the last line, with no Spark error from the stop after it
+    (tmp_path / "js").mkdir()
+    (tmp_path / "js" / "a.json").write_text('{"text": "some words"}\n' * 50)
+    r = subprocess.run([sys.executable, str(REPO / "jobs" / "count_words.py"), "--input",
+                        str(tmp_path / "js"), "--input-format", "json", "--text-column", "body",
+                        "--output", str(tmp_path / "w2")], capture_output=True, text=True,
+                       env=job_env(), timeout=300)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+        f"error: config key 'text_column': column 'body' not in {tmp_path / 'js'} (columns: "
+        "text)"), r.stderr[-2000:]
+    assert " ERROR " not in r.stderr, r.stderr[-2000:]

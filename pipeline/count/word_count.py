@@ -690,7 +690,11 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)
         warming = _warm_workers(spark, spec)
-        corpus = read_sources(spark, cfg, frame)
+        try:
+            corpus = read_sources(spark, cfg, frame)
+        except BaseException:  # (a missing column, say) let the warm-up job end first: Spark
+            warming.join(60)  # stopped under it logs errors after the job's error line
+            raise
         if frame is None and cfg.input_format == "parquet" and not cfg.input_table:
             plan = arrow_plan(spark, cfg, corpus.files)  # listed by Spark, read by pyarrow
     assert corpus is not None
