@@ -197,6 +197,9 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
             continue
         kind, default = _kind(f), getattr(defaults, f.name)
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        repo = str(DEFAULT_CONFIG.parent.parent) + os.sep
+        if isinstance(shown, str) and shown.startswith(repo):  # the sample run's, as written
+            shown = shown[len(repo):]
         help_text = f.metadata["help"]
         if "input_weights" not in keys:  # encode: several inputs, no weights
             help_text = help_text.replace(" (see input_weights)", "")
@@ -334,6 +337,11 @@ def job_defaults(job: str, own_corpus: bool = False) -> Config:
     cfg = Config()
     if job == TRAIN and not own_corpus and DEFAULT_CONFIG.exists():
         _apply(load_toml(DEFAULT_CONFIG), cfg, str(DEFAULT_CONFIG))
+        repo = DEFAULT_CONFIG.parent.parent  # its paths are the repository's, from any cwd
+        for key in ("input", "output"):
+            value = getattr(cfg, key)
+            if value and is_local(value) and not os.path.isabs(local_path(value)):
+                setattr(cfg, key, str(repo / value))
     return cfg
 
 

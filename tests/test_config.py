@@ -8,6 +8,8 @@ import pytest
 
 from pipeline.config import ConfigError, resolve, validate
 
+from .conftest import REPO
+
 
 def cfg(*argv: str):
     return resolve(list(argv))
@@ -15,7 +17,8 @@ def cfg(*argv: str):
 
 def test_defaults_come_from_conf_default_toml():
     c = cfg()
-    assert c.input == "data/sample" and c.vocab_size == 4096 and c.pattern == "cl100k"
+    assert c.input == str(REPO / "data" / "sample") and c.vocab_size == 4096
+    assert c.pattern == "cl100k"
     assert c.special_tokens == ["<|endoftext|>"]
     validate(c, "train")
 
@@ -82,7 +85,7 @@ def test_a_run_with_its_own_input_needs_its_own_output():
         with pytest.raises(ConfigError, match="config key 'output': give --output"):
             cfg(*argv)
     assert cfg("--input", "data/sample", "--output", "x").output == "x"
-    assert cfg().output == "out/sample-run"  # the quick start itself
+    assert cfg().output == str(REPO / "out" / "sample-run")  # the quick start itself
 
 
 def test_the_sample_runs_settings_apply_to_the_sample_run_only():
@@ -90,7 +93,7 @@ def test_the_sample_runs_settings_apply_to_the_sample_run_only():
     corpus must give its own vocabulary size, and --input-table or --words is not mixed with
     the sample's --input."""
     sample = cfg("--output", "x", "--lowercase")  # still the sample run, elsewhere
-    assert (sample.input, sample.vocab_size) == ("data/sample", 4096)
+    assert (sample.input, sample.vocab_size) == (str(REPO / "data" / "sample"), 4096)
     for own in (["--input", "data/sample"], ["--input-table", "db.docs"], ["--words", "conf"]):
         c = cfg(*own, "--output", "x")
         assert c.vocab_size == 0 and c.num_merges == 0
