@@ -249,7 +249,7 @@ def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
     """Whether a complete run's files are still the ones it wrote, under the tokenizer name
     asked for now; else (logged) its outputs are written again from its checkpoint."""
     name = tokenizer_name(cfg)
-    if done.get("name", name) != name:
+    if cfg.name and done.get("name", name) != name:  # (a moved run keeps its default name)
         log.info("run at %s is complete but its tokenizer is named %r: writing its outputs "
                  "again as %r", cfg.output, done["name"], name)
         return False

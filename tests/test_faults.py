@@ -398,12 +398,13 @@ def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path
     shutil.copytree(reference_run(spark, corpus, VOCAB).parent / "reference-words", words)
     for f in (words / "data").glob("*.parquet"):
         f.write_bytes(b"PAR1 this is not parquet PAR1")
+    # the table's sums come from its word_table.json: the Spark engine's first job reads it
     p = submit(["--words", str(words), "--output", str(tmp_path / "run"),
-                "--vocab-size", "300"], tmp_path, "broken")
+                "--vocab-size", "300", "--engine", "spark"], tmp_path, "broken")
     procs.append(p)
     assert p.wait(180) == 1
     last = p.last_line()
-    assert re.match(r"error: train failed in stage 'prepare': \w+: .+ \(traceback above\)$",
+    assert re.match(r"error: train failed in stage 'merges': \w+: .+ \(traceback above\)$",
                     last), last
     assert "Traceback" in p.out()  # the details are in the log
     assert not (tmp_path / "run" / "run.json").exists()
