@@ -161,6 +161,17 @@ class Checkpointer:
                 out.append((int(m.group(1)), fsutil.join(self.dir, name)))
         return sorted(out)
 
+    def newest_settings(self) -> dict | None:
+        """The settings recorded in the newest readable checkpoint, or None (no checkpoint,
+        or only ones too old or too damaged to say)."""
+        for _, path in reversed(self._files()):
+            try:
+                # (any base size: only the settings are wanted, the merges are not checked)
+                return parse_full(fsutil.read_text(self.spark, path), 1 << 40)[1]
+            except (ValueError, IndexError):
+                continue
+        return None
+
     def load(self, discard_other_table: bool = False) -> tuple[list[Merge], list[int]] | None:
         """The newest valid checkpoint: (merges, tokens removed by each), or None.
 

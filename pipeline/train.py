@@ -44,6 +44,7 @@ from pipeline.count.word_table import (
     SPECIAL_TOKENS_CUT,
     WordTable,
     open_word_table,
+    pretokenizer_meta,
     read_word_table,
     spark_table_digest,
 )
@@ -104,6 +105,7 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
         for path in fsutil.remove_stale_temps(spark, own):
             log.info("removed %s, left by an interrupted run", path)
         if cfg.words:  # made elsewhere: imported into the run directory, taken as given
+            _refuse_other_settings(spark, cfg, 0)
             import_word_table(spark, cfg, cfg.words, own, lease.check)
             return WordTableChoice(open_word_table(spark, own), 0.0, False)
         return _own_word_table(spark, cfg, progress, frame, own, lease, t0)
@@ -115,8 +117,6 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     """The run's own table at ``own``: reused while its input and settings match, else
     counted (holding ``lease``)."""
     changed = False
-    if fsutil.exists(spark, fsutil.join(own, "word_table.json")):
-        _refuse_other_settings(spark, cfg, open_word_table(spark, own))
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
         same_source = all(wt.meta.get(k, default) == getattr(cfg, k) for k, default in (
@@ -139,6 +139,7 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
                 return WordTableChoice(wt, 0.0, False)
             changed = True
             log.info("recounting: %s", describe_input_change(then, now))
+    _refuse_other_settings(spark, cfg, cfg.max_word_bytes)
     sub = Config(**{**cfg.__dict__, "output": own})
     if changed:  # a killed recount must not leave the earlier run.json beside a new table
         _invalidate_run(spark, cfg.output)
@@ -157,16 +158,23 @@ def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:
             and (cfg.lowercase or cfg.normalization != "none"))
 
 
-def _refuse_other_settings(spark: SparkSession, cfg: Config, wt: WordTable) -> None:
-    """A run whose checkpoints were made with other split settings than these would be refused
-    when it loads them: refuse it before its count replaces the run's word table (which a
-    later --words run, or the unchanged command, would then find changed)."""
-    differ = {k: v for k, v in _table_settings(wt).items() if getattr(cfg, k) != v}
-    ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
-    if not differ or cfg.resume == "never" or not any(
-            n.startswith("merges-") for n in fsutil.list_dir(spark, ckdir) or ()):
+def _refuse_other_settings(spark: SparkSession, cfg: Config, max_word_bytes: int) -> None:
+    """Called before RUN/words is replaced (counted, or imported with ``max_word_bytes`` 0):
+    when the run's newest checkpoint was made with other split settings, the run would refuse
+    it once the table is written; refuse now, leaving the table the checkpoints were made
+    from in place (a later --words run, or the original command, still finds it)."""
+    if cfg.resume == "never":
         return
-    said = ", ".join(f"{k} {v!r} then, {getattr(cfg, k)!r} now" for k, v in differ.items())
+    ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
+    then = Checkpointer(spark, ckdir, "", 0).newest_settings()
+    if not then:
+        return
+    was = {**(then.get("pretokenizer") or {}), "max_word_bytes": then.get("max_word_bytes", 0)}
+    now = {**pretokenizer_meta(cfg.pretokenizer_spec()), "max_word_bytes": max_word_bytes}
+    differ = [k for k in now if was.get(k) != now[k]]
+    if not differ:
+        return
+    said = ", ".join(f"{k} {was.get(k)!r} then, {now[k]!r} now" for k in differ)
     raise ConfigError(
         f"{cfg.output} was trained with other split settings ({said}): its checkpoints in "
         f"{ckdir} do not fit this run. Use another --output, or start fresh with "

@@ -345,6 +345,15 @@ def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spar
         train(spark, Config(lowercase=True, **kw))
     assert (run / "words" / "word_table.json").read_text() == table
     assert (run / "run.json").exists()
+    # an external table (imported with no max_word_bytes cap) over the same run: refused
+    # before the import replaces RUN/words; the original command is still complete
+    (tmp_path / "ext.tsv").write_text("hello\t5\nworld\t3\n")
+    ext = {k: v for k, v in kw.items() if k != "input"}
+    with pytest.raises(ConfigError, match=r"other split settings \(max_word_bytes 1024 then, 0 "
+                                          r"now\)"):
+        train(spark, Config(words=str(tmp_path / "ext.tsv"), **ext))
+    assert (run / "words" / "word_table.json").read_text() == table
+    assert train(spark, Config(**kw)).already_done
     fresh = train(spark, Config(lowercase=True, resume="never", **kw))
     assert json.loads((run / "words" / "word_table.json").read_text())["pretokenizer"][
         "lowercase"] is True and len(fresh.merges) == 300 - 257

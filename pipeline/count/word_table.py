@@ -203,6 +203,12 @@ def arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def pretokenizer_meta(spec: PretokenizerSpec) -> dict:
+    """The split settings as a word table (and every checkpoint's fingerprint) records them."""
+    return {"pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
+            "lowercase": spec.lowercase, "normalization": spec.normalization}
+
+
 def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: int,
                     stats: dict, source: dict, left_out: dict | None = None,
                     summary: dict | None = None) -> dict:
@@ -214,12 +220,7 @@ def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: in
         "version": WORD_TABLE_VERSION,
         **source,
         "text_column": text_column,
-        "pretokenizer": {
-            "pattern": spec.pattern,
-            "special_tokens": list(spec.special_tokens),
-            "lowercase": spec.lowercase,
-            "normalization": spec.normalization,
-        },
+        "pretokenizer": pretokenizer_meta(spec),
         "max_word_bytes": max_word_bytes,
         "special_tokens_cut": SPECIAL_TOKENS_CUT,
         "unique_words": stats["unique_words"],
