@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline import fsutil
@@ -84,6 +85,18 @@ def explain_difference(theirs: dict | None, ours: dict) -> str:
         else:
             diffs.append(f"{key} (checkpoint {a!r}, this run {b!r})")
     return "; ".join(diffs) or "the settings fingerprint"
+
+
+def _older_digest_of(theirs: dict | None, ours: dict, legacy_digest: Callable[[], str]
+                     ) -> bool:
+    """Whether ``theirs`` equals ``ours`` but for a word-table digest in the older scheme
+    (``c...``) that ``legacy_digest`` (computed only then) gives for this table."""
+    table = (theirs or {}).get("word_table") or {}
+    digest = str(table.get("digest", ""))
+    if not digest.startswith("c"):
+        return False
+    same = {**theirs, "word_table": {**table, "digest": ours.get("word_table", {}).get("digest")}}
+    return same == ours and legacy_digest() == digest
 
 
 def _only_table_differs(theirs: dict | None, ours: dict) -> bool:
@@ -172,13 +185,17 @@ class Checkpointer:
                 continue
         return None
 
-    def load(self, discard_other_table: bool = False) -> tuple[list[Merge], list[int]] | None:
+    def load(self, discard_other_table: bool = False,
+             legacy_digest: Callable[[], str] | None = None
+             ) -> tuple[list[Merge], list[int]] | None:
         """The newest valid checkpoint: (merges, tokens removed by each), or None.
 
         Raises ConfigError when the newest readable checkpoint belongs to another config or
         corpus (never silently trains on top of foreign merges). ``discard_other_table``: the
         run recounted its own input because the input changed, so checkpoints that differ from
-        this run only in the word table are stale: they are deleted instead."""
+        this run only in the word table are stale: they are deleted instead.
+        ``legacy_digest``: this table's digest as an older spark-bpe computed it; a checkpoint
+        that differs only in recording that digest is this run's (it resumes)."""
         for _, path in reversed(self._files()):
             try:
                 fp, settings, merges, removed = parse_full(
@@ -186,6 +203,11 @@ class Checkpointer:
             except (ValueError, IndexError) as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
                 continue
+            if (fp != self.fp and legacy_digest is not None
+                    and _older_digest_of(settings, self.settings or {}, legacy_digest)):
+                log.info("checkpoint %s was written by an older spark-bpe (another word-table "
+                         "digest) for this same word table: resuming from it", path)
+                fp = self.fp
             if fp != self.fp and discard_other_table and _only_table_differs(
                     settings, self.settings or {}):
                 log.info("the input changed: deleting the checkpoints of the previous input in "

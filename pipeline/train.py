@@ -43,6 +43,7 @@ from pipeline.count.word_count import count_words
 from pipeline.count.word_table import (
     SPECIAL_TOKENS_CUT,
     WordTable,
+    legacy_digest,
     open_word_table,
     pretokenizer_meta,
     read_word_table,
@@ -349,7 +350,9 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
     if cfg.resume == "never":
         ckpt.clear()
     else:
-        loaded = ckpt.load(discard_other_table=choice.input_changed)
+        loaded = ckpt.load(discard_other_table=choice.input_changed,
+                           legacy_digest=functools.cache(lambda: legacy_digest(
+                               wt.table if wt.table is not None else words())))
         if loaded:
             prep.prior, prep.prior_removed = loaded[0][:target], loaded[1][:target]
             if len(loaded[0]) >= target:

@@ -359,6 +359,35 @@ def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spar
         "lowercase"] is True and len(fresh.merges) == 300 - 257
 
 
+def test_checkpoints_of_an_older_digest_are_resumed_when_the_table_is_the_same(spark, tmp_path,
+                                                                               caplog):
+    """A run made before the word-table digest changed (its checkpoints and run.json record
+    the older ``c...`` digest): the same command resumes from its checkpoint (the table's older
+    digest is computed and matches) instead of refusing it as another corpus's."""
+    from pipeline.checkpoint import fingerprint_of, parse_full, render
+    from pipeline.count.word_table import legacy_digest
+
+    caplog.set_level(logging.INFO, logger="pipeline.checkpoint")
+    run = tmp_path / "run"
+    cfg = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=300,
+               progress_bar=False, checkpoint_every_merges=10)
+    first = train(spark, Config(**cfg))
+    table = pq.read_table(run / "words" / "data")
+    old_fp = None
+    for path in sorted((run / "checkpoints").glob("merges-*.txt")):  # as the older code wrote
+        _, settings, merges, removed = parse_full(path.read_text(), 256)
+        settings["word_table"]["digest"] = legacy_digest(table)
+        old_fp = fingerprint_of(settings)
+        path.write_text(render(merges, removed, old_fp, settings))
+    summary = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**summary, "fingerprint": old_fp}))
+    again = train(spark, Config(**cfg))
+    assert again.merges == first.merges and not again.already_done
+    assert again.stats["resumed_from_merge"] == len(first.merges)  # served, not trained
+    assert "written by an older spark-bpe (another word-table digest)" in caplog.text
+    assert train(spark, Config(**cfg)).already_done
+
+
 def test_spark_console_bar_stays_out_of_a_log_file(spark):
     """Under pytest stderr is not a terminal, as in a scheduler's log: the session was built
     with Spark's \\r progress bar off (a plain `python jobs/...` is a "shell" to Spark, which

@@ -68,10 +68,7 @@ def table_digest(table: pa.Table) -> str:
     """A content digest of a word table (see :func:`_digest_parts`) and its row count. The
     same value comes from Spark with :func:`spark_table_digest` (tests hold them equal); it
     does not depend on the rows' order or on how they are split into batches."""
-    total, rows = _digest_parts(table.column("word").combine_chunks(),
-                                table.column("count").to_numpy(),
-                                table.column("first_seen").to_numpy())
-    return format_digest(total, rows)
+    return format_digest(*_parts(table, False))
 
 
 def table_summary(table: pa.Table) -> dict:
@@ -84,20 +81,57 @@ def table_summary(table: pa.Table) -> dict:
             "byte_symbols": int(lengths.sum())}
 
 
+def _legacy_parts(words: pa.Array, counts: np.ndarray, first_seen: np.ndarray
+                  ) -> tuple[int, int]:
+    """The first digest's parts (XOR of ``crc32(word) << 32 ^ count ^ first_seen << 16``,
+    rows): only to recognise checkpoints an older spark-bpe wrote (see :func:`legacy_digest`)."""
+    ws = words.to_pylist()
+    crc = np.fromiter(map(zlib.crc32, ws), dtype=np.uint64, count=len(ws))
+    h = ((crc << np.uint64(32)) ^ counts.astype(np.uint64)
+         ^ (first_seen.astype(np.uint64) << np.uint64(16)))
+    return (int(np.bitwise_xor.reduce(h)) if len(h) else 0), len(ws)
+
+
+def _parts(table: pa.Table | pa.RecordBatch, legacy: bool) -> tuple[int, int]:
+    fn = _legacy_parts if legacy else _digest_parts
+    words = table.column("word")
+    return fn(words.combine_chunks() if isinstance(words, pa.ChunkedArray) else words,
+              table.column("count").to_numpy(), table.column("first_seen").to_numpy())
+
+
+def _combine(a: int, b: int, legacy: bool) -> int:
+    return a ^ b if legacy else (a + b) % 2**64
+
+
+def legacy_digest(table: pa.Table | DataFrame) -> str:
+    """The digest an older spark-bpe recorded (``c<hex>-<rows>``) of a table in memory or a
+    DataFrame: a checkpoint fingerprinted with it is recognised as this table's."""
+    if isinstance(table, pa.Table):
+        total, rows = _parts(table, True)
+    else:
+        total, rows = _spark_parts(table, True)
+    return f"c{total:016x}-{rows}"
+
+
 def spark_table_digest(df: DataFrame) -> str:
     """:func:`table_digest` of a word-table DataFrame, computed where its rows are (one small
     row per partition comes back)."""
+    return format_digest(*_spark_parts(df, False))
 
+
+def _spark_parts(df: DataFrame, legacy: bool) -> tuple[int, int]:
     def partials(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         total = rows = 0
         for b in batches:
-            s, n = _digest_parts(b.column("word"), b.column("count").to_numpy(),
-                                 b.column("first_seen").to_numpy())
-            total, rows = (total + s) % 2**64, rows + n
+            s, n = _parts(b, legacy)
+            total, rows = _combine(total, s, legacy), rows + n
         yield pa.RecordBatch.from_pydict({"h": [str(total)], "rows": [rows]})
 
     got = df.select(*WORD_TABLE_COLUMNS).mapInArrow(partials, "h string, rows long").collect()
-    return format_digest(sum(int(r["h"]) for r in got), sum(r["rows"] for r in got))
+    total = 0
+    for r in got:
+        total = _combine(total, int(r["h"]), legacy)
+    return total, sum(r["rows"] for r in got)
 
 
 def format_digest(total: int, rows: int) -> str:
