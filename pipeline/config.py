@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -373,13 +374,24 @@ def job_keys(job: str) -> set[str]:
     return {f.name for f in fields(Config) if job in f.metadata["jobs"]}
 
 
+def _split_glob(path: str) -> tuple[str, str]:
+    """(the directory a glob starts in, the pattern below it): ``data/*.parquet`` ->
+    (``data``, ``*.parquet``), ``*.parquet`` -> (``.``, ``*.parquet``); a path without a glob
+    -> (the path, '')."""
+    cut = min((path.index(c) for c in "*?[{" if c in path), default=None)
+    if cut is None:
+        return path, ""
+    slash = path.rfind("/", 0, cut)
+    if slash < 0:
+        return ".", path
+    return path[:slash] or "/", path[slash + 1:]
+
+
 def _comparable(path: str) -> str:
     """A path spelled so that two spellings of one place compare equal: local paths absolute
     and normalized, URIs without a trailing slash; a glob is cut to the directory it starts in
     (``corpus/*.parquet`` -> ``corpus``)."""
-    cut = min((path.index(c) for c in "*?[" if c in path), default=None)
-    if cut is not None:
-        path = path[:cut].rsplit("/", 1)[0] or "/"
+    path = _split_glob(path)[0]
     if is_local(path):
         return os.path.abspath(local_path(path) or ".")
     return path.rstrip("/")
@@ -394,15 +406,24 @@ def _inside(inner: str, outer: str) -> str | None:
 
 
 def check_output_place(output: str, sources: list[tuple[str, str]]) -> None:
-    """An output must not be a file (or under one), hold a source, or lie inside one (unless
-    under a name the corpus readers skip: ``_runs/x``, ``.x``): writing it would replace or
-    add to what is read. ``sources``: (config key, path). Local paths only are checked here."""
+    """An output must not be a file (or under one), hold a source, or lie where a source's
+    readers would list it: inside a source directory (unless under a name they skip,
+    ``_runs/x`` or ``.x``), or, for a glob, under a name the glob matches. ``sources``:
+    (config key, path). Local paths only are checked for being files."""
     out = _comparable(output)
     for key, given in sources:
-        src = _comparable(given)
+        src, pattern = _comparable(given), _split_glob(given)[1]
         below = _inside(out, src)
-        hidden = below and any(part.startswith(("_", ".")) for part in below.split("/"))
-        if _inside(src, out) is not None or (below is not None and not hidden):
+        if below is None or below == "":
+            read = below == ""
+        elif pattern:  # each level the glob has must match
+            read = all(fnmatch.fnmatchcase(part, pat)
+                       for part, pat in zip(below.split("/"), pattern.split("/")))
+        else:
+            read = True
+        if below and any(part.startswith(("_", ".")) for part in below.split("/")):
+            read = False  # the readers skip it
+        if _inside(src, out) is not None or read:
             raise ConfigError(f"config key 'output': {output} overlaps --{key.replace('_', '-')} "
                               f"{given} (writing it would replace or add to what is read); "
                               "choose an output outside it")

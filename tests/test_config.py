@@ -262,12 +262,18 @@ def test_an_output_that_overlaps_a_source_or_is_a_file_is_refused(tmp_path, monk
         validate(cfg(*argv, "--output", output, "--vocab-size", "300"), "train")
 
     for output, source in [("corpus", "corpus"), ("./corpus/", "corpus"), (".", "corpus"),
-                           ("corpus/run", "corpus"), ("corpus/run", "corpus/*.parquet"),
+                           ("corpus/run", "corpus"), ("corpus", "corpus/*.parquet"),
+                           ("corpus/x.parquet", "corpus/*.parquet"), ("y.parquet", "*.parquet"),
+                           ("corpus/2024", "corpus/20*/*.parquet"),
                            (str(tmp_path / "corpus" / "x"), "corpus")]:
         with pytest.raises(ConfigError, match=f"^config key 'output': {re.escape(output)} "
                                               f"overlaps --input {re.escape(source)} "):
             check(output, source)
     check("corpus/_runs/r1", "corpus")  # hidden from the corpus readers
+    check("corpus/run", "corpus/*.parquet")  # not a name the glob matches
+    check(str(tmp_path / "out"), "*.parquet")  # a glob in the working directory
+    check("shard-run", "shard-*.parquet")
+    check("corpus/2024/run", "corpus/20*/*.parquet")
     check("corpus-run", "corpus")  # a sibling whose name starts the same
     for output in ("afile", "afile/run"):
         with pytest.raises(ConfigError, match=f"{tmp_path / 'afile'} is a file, not a dir"):
