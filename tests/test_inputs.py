@@ -137,10 +137,18 @@ def test_a_catalog_table_gives_the_parquet_merges(spark, formats, tmp_path):
         spark.read.parquet(str(formats["parquet"] / "a")).createOrReplaceTempView("corpus_v")
         by_view = train(spark, Config(input_table="corpus_v", output=str(tmp_path / "v"),
                                       vocab_size=400, progress_bar=False))
+        # with --ignore-corrupt-files, no file of a view is taken for unreadable (its rows
+        # are not attributed to their files)
+        spark.read.parquet(f"{formats['parquet']}/*/*.parquet").createOrReplaceTempView(
+            "corpus_v2")
+        wt = count_words(spark, Config(input_table="corpus_v2", output=str(tmp_path / "wv"),
+                                       ignore_corrupt_files=True))
     finally:
         spark.sql("DROP TABLE IF EXISTS corpus_t")
         spark.catalog.dropTempView("corpus_v")
+        spark.catalog.dropTempView("corpus_v2")
     assert by_table.merges == by_path.merges == by_view.merges
+    assert wt.meta["left_out"]["unreadable_files"] == [] and wt.meta["files"] == 2
 
 
 def test_weighted_sources_equal_repeated_rows(spark, tmp_path):

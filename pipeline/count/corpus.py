@@ -168,6 +168,7 @@ class Corpus:
     df: DataFrame | None = None  # Spark's reader: (text, source, path, block, row)
     footers: dict[str, pq.FileMetaData] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    by_file: bool = True  # each row knows its file (not a view's rows: all its first file's)
 
 
 def _source_weights(cfg: Config, n: int) -> list[int]:
@@ -204,6 +205,8 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
     frames = []
     for i, name in enumerate(names):
         df, files, path, block, row = read_source(spark, cfg, name, frame)
+        if path is None:  # a view: its rows count as its first file's
+            path, corpus.by_file = F.lit(files[0]), False
         frames.append(df.select(F.col(cfg.text_column).alias("text"),
                                 F.lit(i).cast("int").alias("source"),
                                 path.alias("path"),
@@ -217,12 +220,13 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
 
 
 def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None,
-                can_skip: bool = True) -> tuple[DataFrame, list[str], Column, Column, Column]:
+                can_skip: bool = True
+                ) -> tuple[DataFrame, list[str], Column | None, Column, Column]:
     """One source: its DataFrame, its files in path order, and the columns that order its
     rows: (file path, block, row) = (the row's file, 0, row index in the file) for Parquet;
     (the row's file, split start, None: numbered in the task) for other file formats; (the
-    one name, Spark partition, None) for a DataFrame, a table without files or a view over
-    files (which has no file metadata: its rows count as its first file's). ``can_skip``: the
+    one name, Spark partition, None) for a DataFrame or a table without files; (None, Spark
+    partition, None) for a view over files, which has no file metadata. ``can_skip``: the
     job takes ``--ignore-corrupt-files`` (for the message)."""
     what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
     try:
@@ -262,7 +266,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     if meta is None:  # a view over files: no file metadata, so its partitions, in order
         log.info("%s: %r has no file metadata (a view): its rows are counted in the order of "
                  "its Spark partitions", what, name)
-        return df, files, F.lit(files[0]), F.spark_partition_id(), F.lit(None)
+        return df, files, None, F.spark_partition_id(), F.lit(None)
     path = F.col("_metadata.file_path")
     parquet = cfg.input_format == "parquet" and not cfg.input_table
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)

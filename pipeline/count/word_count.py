@@ -795,7 +795,8 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
     t_write = time.time()
     log.info("wrote the word table in %.1f s", t_write - t_count)
     stats["unique_words"] = unique_words
-    stats["skipped_files"] = _skipped_files(stats, files, skipped, plan is None,
+    stats["skipped_files"] = _skipped_files(stats, files, skipped,
+                                            plan is None and corpus.by_file,
                                             cfg.ignore_corrupt_files)
     if stats["skipped_files"]:
         log.warning("ignore_corrupt_files: left out %d unreadable input files (listed in "
