@@ -6,12 +6,15 @@ Local paths are handled with plain Python so the pure-Python parts (and tests) n
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
 import tempfile
 import uuid
 from typing import TYPE_CHECKING
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # this module works without pyspark for local paths
     from collections.abc import Callable
@@ -150,7 +153,8 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
     _rename_over(spark, fs, tmp, p, path)
 
 
-_FILE_CONTEXTS: dict[str, object] = {}  # by filesystem URI: one AbstractFileSystem each
+# by (SparkContext, filesystem URI): one AbstractFileSystem each, or None where there is none
+_FILE_CONTEXTS: dict[tuple[int, str], object] = {}
 
 
 def _rename_over(spark: SparkSession, fs, tmp, p, path: str) -> None:
@@ -159,20 +163,24 @@ def _rename_over(spark: SparkSession, fs, tmp, p, path: str) -> None:
     ``create_exclusive`` never finds the file missing). A filesystem without a FileContext
     binding gets delete, then rename."""
     jvm = spark.sparkContext._jvm
-    uri = p.toUri()
-    key = f"{uri.getScheme()}://{uri.getAuthority() or ''}"
+    src, dst = fs.makeQualified(tmp), fs.makeQualified(p)  # hdfs:///x -> hdfs://namenode/x
+    uri = dst.toUri()
+    key = (id(spark.sparkContext), f"{uri.getScheme()}://{uri.getAuthority() or ''}")
     if key not in _FILE_CONTEXTS:
         try:
             _FILE_CONTEXTS[key] = jvm.org.apache.hadoop.fs.FileContext.getFileContext(
                 uri, spark.sparkContext._jsc.hadoopConfiguration())
-        except Exception:  # noqa: BLE001 - UnsupportedFileSystemException, through py4j
+        except Exception as exc:  # noqa: BLE001 - UnsupportedFileSystemException, via py4j
+            log.info("%s has no Hadoop FileContext (%s): files there are replaced by delete, "
+                     "then rename", key[1], str(exc).strip().splitlines()[0] if str(exc).strip()
+                     else type(exc).__name__)
             _FILE_CONTEXTS[key] = None
     fc = _FILE_CONTEXTS[key]
     if fc is not None:
         rename = getattr(jvm.org.apache.hadoop.fs, "Options$Rename")
         options = spark.sparkContext._gateway.new_array(rename, 1)
         options[0] = rename.OVERWRITE
-        fc.rename(tmp, p, options)
+        fc.rename(src, dst, options)
         return
     if fs.exists(p):
         fs.delete(p, False)

@@ -35,7 +35,7 @@ def test_file_operations_through_hadoop(spark, tmp_path, via_hadoop):
     assert fsutil.read_text(spark, f) == "second\nline\n"
     assert (tmp_path / "run" / "run.json").read_text() == "second\nline\n"
     assert names(spark, run) == ["run.json"]  # no temp file left
-    assert fsutil._FILE_CONTEXTS["file://"] is not None  # the one-step rename was used
+    assert fsutil._FILE_CONTEXTS[(id(spark.sparkContext), "file://")] is not None  # one step
     lease = fsutil.join(run, "_lease.json")
     assert fsutil.create_exclusive(spark, lease, "mine\n")
     assert not fsutil.create_exclusive(spark, lease, "theirs\n")
