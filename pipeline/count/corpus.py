@@ -238,6 +238,8 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
             df = spark.read.option("header", True).option("multiLine", True).csv(name)
         elif cfg.input_format == "text":
             df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
+        elif cfg.input_format == "json":
+            df = _read_json(spark, name, cfg.text_column)
         else:
             df = spark.read.format(cfg.input_format).load(name)
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
@@ -272,6 +274,21 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
         return df, files, path, F.lit(0), F.col("_metadata.row_index")
     return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _read_json(spark: SparkSession, name: str, column: str) -> DataFrame:
+    """JSON lines with a schema of the text column alone, taken from the first file: left to
+    itself Spark infers the schema from every row of every file, one more full pass over the
+    corpus before the count's. (Without the column in the first file, that file's frame is
+    returned, for check_text_column to name its columns.)"""
+    files = sorted(spark.read.schema(T.StructType([T.StructField(column, T.StringType())]))
+                   .json(name).inputFiles())
+    if not files:
+        return spark.read.json(name)
+    first = spark.read.json(files[0])
+    if column not in first.columns:
+        return first
+    return spark.read.schema(T.StructType([first.schema[column]])).json(name)
 
 
 def _reason(exc: Exception) -> str:
