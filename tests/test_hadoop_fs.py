@@ -36,6 +36,10 @@ def test_file_operations_through_hadoop(spark, tmp_path, via_hadoop):
     assert (tmp_path / "run" / "run.json").read_text() == "second\nline\n"
     assert names(spark, run) == ["run.json"]  # no temp file left
     assert fsutil._FILE_CONTEXTS[(id(spark.sparkContext), "file://")] is not None  # one step
+    (tmp_path / "run" / "mixed.txt").write_bytes("a\r\nb\rc\n\nd é".encode())
+    assert fsutil.read_text(spark, fsutil.join(run, "mixed.txt")) == "a\nb\nc\n\nd é\n"
+    (tmp_path / "run" / "empty.txt").write_bytes(b"")
+    assert fsutil.read_text(spark, fsutil.join(run, "empty.txt")) == ""
     lease = fsutil.join(run, "_lease.json")
     assert fsutil.create_exclusive(spark, lease, "mine\n")
     assert not fsutil.create_exclusive(spark, lease, "theirs\n")
