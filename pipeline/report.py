@@ -523,8 +523,9 @@ def check_report_sample(cfg) -> None:
     from pipeline.count.corpus import first_line, list_local_corpus
 
     path = cfg.report_sample
-    if not path or not fsutil.is_local(path) or any(c in path for c in "*?[{"):
-        return
+    if (not path or cfg.report_sample_rows <= 0 or not fsutil.is_local(path)
+            or any(c in path for c in "*?[{")):
+        return  # (not used, or not local: the report says so if it cannot read it)
     why = ""
     try:
         files = list_local_corpus(path, cfg.text_column,
