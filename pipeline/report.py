@@ -579,13 +579,16 @@ def _parquet_rows(spark, cfg, sources: list[str], n: int) -> list:
 def _reader_rows(spark, cfg, sources: list[str], n: int) -> list:
     """The first rows of each source through the count's own reader (JSON, text, CSV, ORC,
     Delta, a catalog table): one bounded Spark job per source."""
-    from pipeline.count.corpus import read_source
+    from pipeline.count.corpus import read_source, skipping_corrupt_files
 
     rows: list = []
     per_source = -(-n // len(sources))
-    for name in sources:
-        df = read_source(spark, cfg, name, None)[0].select(cfg.text_column)
-        rows += [r[0] for r in df.limit(min(per_source, n - len(rows))).collect()]
+    with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):
+        for name in sources:
+            if len(rows) >= n:
+                break
+            df = read_source(spark, cfg, name, None)[0].select(cfg.text_column)
+            rows += [r[0] for r in df.limit(min(per_source, n - len(rows))).collect()]
     return rows
 
 

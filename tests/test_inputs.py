@@ -149,6 +149,8 @@ def test_a_catalog_table_gives_the_parquet_merges(spark, formats, tmp_path):
         spark.catalog.dropTempView("corpus_v2")
     assert by_table.merges == by_path.merges == by_view.merges
     assert wt.meta["left_out"]["unreadable_files"] == [] and wt.meta["files"] == 2
+    # the session's own setting is back (it may be the user's): other reads do not skip
+    assert spark.conf.get("spark.sql.files.ignoreCorruptFiles", None) in (None, "false")
 
 
 def test_weighted_sources_equal_repeated_rows(spark, tmp_path):

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
@@ -192,10 +193,29 @@ def list_local_sources(cfg: Config, footers: dict[str, pq.FileMetaData],
     return corpus
 
 
+@contextlib.contextmanager
+def skipping_corrupt_files(spark: SparkSession, skip: bool) -> Iterator[None]:
+    """Spark's readers skip unreadable files (spark.sql.files.ignoreCorruptFiles) while this
+    lasts, when ``skip``; the session's own setting is put back after (it may be the user's,
+    in pipeline.api, and other reads must not start skipping)."""
+    if not skip:
+        yield
+        return
+    key = "spark.sql.files.ignoreCorruptFiles"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "true")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
 def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> Corpus:
-    """The corpus through Spark's readers (any format, a catalog table, or a DataFrame)."""
-    if cfg.ignore_corrupt_files:
-        spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true")
+    """The corpus through Spark's readers (any format, a catalog table, or a DataFrame); with
+    ``ignore_corrupt_files``, read it inside :func:`skipping_corrupt_files`."""
     if frame is not None:
         names = ["a DataFrame"]
     else:

@@ -45,6 +45,7 @@ from pipeline.count.corpus import (
     list_local_sources,
     normalize_path,
     read_sources,
+    skipping_corrupt_files,
     unreadable_file_error,
 )
 from pipeline.count.word_table import (
@@ -668,8 +669,9 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
         try:
             with job_group(sc, "count") as group, progress.stage(
                     "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
-                wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, lease.check,
-                            frame)
+                with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):
+                    wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, lease.check,
+                                frame)
                 counts.phase = ""
                 st = wt.meta["stats"]
                 stage.update(note=f"{st['unique_words']:,} distinct words, "
