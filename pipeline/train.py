@@ -47,7 +47,7 @@ from pipeline.count.word_table import (
     open_word_table,
     pretokenizer_meta,
     read_word_table,
-    spark_table_digest,
+    spark_table_summary,
 )
 from pipeline.engines.local import LocalTrainer, initial_symbols
 from pipeline.engines.rounds import RoundStats, run_rounds
@@ -247,11 +247,12 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     if base.alphabet == "bytes" and all(k in wt.meta for k in ("digest", "byte_tokens",
                                                                 "byte_symbols")):
         return wt.meta["byte_tokens"], wt.meta["byte_symbols"], wt.meta["digest"]
-    word_len = F.length("word")  # bytes
-    if base.alphabet == "chars":
-        word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
+    summary = spark_table_summary(words())  # one pass: digest and byte sums
+    if base.alphabet == "bytes":
+        return summary["byte_tokens"], summary["byte_symbols"], summary["digest"]
+    word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
     row = words().select(F.sum(word_len * F.col("count")), F.sum(word_len)).first()
-    return int(row[0] or 0), int(row[1] or 0), spark_table_digest(words())
+    return int(row[0] or 0), int(row[1] or 0), summary["digest"]
 
 
 def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:

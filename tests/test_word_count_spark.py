@@ -279,6 +279,9 @@ def test_driver_digest_equals_sparks(spark, mixed_corpus, tmp_path):
         "sum(length(word) * count)", "sum(length(word))").first()
     on_disk = json.loads((out / "word_table.json").read_text())
     assert (on_disk["byte_tokens"], on_disk["byte_symbols"]) == (row[0], row[1])
+    in_spark = word_table.spark_table_summary(spark.read.parquet(str(out / "data"))
+                                              .repartition(3))
+    assert in_spark == {k: on_disk[k] for k in ("digest", "byte_tokens", "byte_symbols")}
     changed = wt.table.set_column(1, "count", pc.add(wt.table.column("count"), 1))
     assert word_table.table_digest(changed) != wt.meta["digest"]
 

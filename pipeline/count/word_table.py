@@ -109,29 +109,44 @@ def legacy_digest(table: pa.Table | DataFrame) -> str:
     if isinstance(table, pa.Table):
         total, rows = _parts(table, True)
     else:
-        total, rows = _spark_parts(table, True)
+        total, rows, _, _ = _spark_parts(table, True)
     return f"c{total:016x}-{rows}"
 
 
 def spark_table_digest(df: DataFrame) -> str:
     """:func:`table_digest` of a word-table DataFrame, computed where its rows are (one small
     row per partition comes back)."""
-    return format_digest(*_spark_parts(df, False))
+    return spark_table_summary(df)["digest"]
 
 
-def _spark_parts(df: DataFrame, legacy: bool) -> tuple[int, int]:
+def _spark_parts(df: DataFrame, legacy: bool) -> tuple[int, int, int, int]:
+    """(digest total, rows, byte tokens, byte symbols) of a word-table DataFrame in one pass,
+    computed where its rows are (one small row per partition comes back)."""
     def partials(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        total = rows = 0
+        total = rows = tokens = symbols = 0
         for b in batches:
             s, n = _parts(b, legacy)
+            lengths = pc.binary_length(b.column("word")).to_numpy().astype(np.int64)
             total, rows = _combine(total, s, legacy), rows + n
-        yield pa.RecordBatch.from_pydict({"h": [str(total)], "rows": [rows]})
+            tokens += int(np.dot(lengths, b.column("count").to_numpy()))
+            symbols += int(lengths.sum())
+        yield pa.RecordBatch.from_pydict({"h": [str(total)], "rows": [rows],
+                                          "tokens": [tokens], "symbols": [symbols]})
 
-    got = df.select(*WORD_TABLE_COLUMNS).mapInArrow(partials, "h string, rows long").collect()
+    got = df.select(*WORD_TABLE_COLUMNS).mapInArrow(
+        partials, "h string, rows long, tokens long, symbols long").collect()
     total = 0
     for r in got:
         total = _combine(total, int(r["h"]), legacy)
-    return total, sum(r["rows"] for r in got)
+    return (total, sum(r["rows"] for r in got), sum(r["tokens"] for r in got),
+            sum(r["symbols"] for r in got))
+
+
+def spark_table_summary(df: DataFrame) -> dict:
+    """:func:`table_summary` of a word-table DataFrame, in one Spark job."""
+    total, rows, tokens, symbols = _spark_parts(df, False)
+    return {"digest": format_digest(total, rows), "byte_tokens": tokens,
+            "byte_symbols": symbols}
 
 
 def format_digest(total: int, rows: int) -> str:
