@@ -405,6 +405,12 @@ def _inside(inner: str, outer: str) -> str | None:
     return inner[len(prefix):] if inner.startswith(prefix) else None
 
 
+def same_or_inside(inner: str, outer: str) -> str | None:
+    """Where ``inner`` lies below ``outer`` in any spelling of both ('' when they are the
+    same place), or None when it is elsewhere."""
+    return _inside(_comparable(inner), _comparable(outer))
+
+
 def check_output_place(output: str, sources: list[tuple[str, str]]) -> None:
     """An output must not be a file (or under one), hold a source, or lie where a source's
     readers would list it: inside a source directory (unless under a name they skip,
@@ -476,7 +482,7 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
              f"config key 'words': no word table at {cfg.words}")
     need(not cfg.input or bool(cfg.inputs), f"config key 'input': no path in {cfg.input!r}")
     check_output_place(cfg.output, [("input", p) for p in cfg.inputs])
-    need(not cfg.words or _inside(_comparable(cfg.output), _comparable(cfg.words)) is None,
+    need(not cfg.words or same_or_inside(cfg.output, cfg.words) is None,
          f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "
          "outside it")  # (RUN/words as --words of RUN is fine: it is read before it is written)
     need(cfg.text_column != "", "config key 'text_column' is empty")

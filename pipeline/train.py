@@ -20,7 +20,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import re
 import resource
 import statistics
@@ -36,7 +35,7 @@ from pyspark.sql import functions as F
 from pipeline import faults, fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab, extend_vocab, vocab_bytes
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, same_or_inside
 from pipeline.count.corpus import describe_input_change, input_fingerprint, list_input
 from pipeline.count.external import import_word_table, is_ours
 from pipeline.count.word_count import count_words
@@ -598,20 +597,9 @@ def summary(merges: int, stats: dict) -> str:
 def _leased_dirs(cfg: Config) -> list[str]:
     """The run directory, and the checkpoint directory when it is not inside it."""
     dirs = [cfg.output]
-    out, ckpt = _comparable(cfg.output), _comparable(cfg.checkpoint_dir)
-    if ckpt and ckpt != out and not ckpt.startswith(out.rstrip("/") + "/"):
+    if cfg.checkpoint_dir and same_or_inside(cfg.checkpoint_dir, cfg.output) is None:
         dirs.append(cfg.checkpoint_dir)
     return dirs
-
-
-def _comparable(path: str) -> str:
-    """``path`` spelled so that two spellings of one directory compare equal (local paths
-    made absolute and normalized; URIs without a trailing slash)."""
-    if not path:
-        return ""
-    if fsutil.is_local(path):
-        return os.path.abspath(fsutil.local_path(path))
-    return path.rstrip("/")
 
 
 def tokenizer_name(cfg: Config) -> str:
