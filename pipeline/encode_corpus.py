@@ -1,4 +1,4 @@
-"""Stage 3 (Spark): encode a Parquet corpus with a trained run -> Parquet of token ids.
+"""The encode job (Spark): encode a corpus with a trained run -> Parquet of token ids.
 
 Output: one row per input row, the key columns (``key_columns``; by default every column but
 the text, or the input ``file`` and ``row`` when the text is the only column) and the token
@@ -57,7 +57,13 @@ from pipeline.count.corpus import check_text_column, read_corpus, unreadable_fil
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row
+from pipeline.pretokenize import (
+    Pretokenizer,
+    PretokenizerSpec,
+    cut_specials,
+    decode_row,
+    special_token_pattern,
+)
 from pipeline.progress import Progress
 from pipeline.spark_session import PerTask, TaskCounts, job_group, read_progress
 
@@ -258,8 +264,7 @@ class BatchEncoder:
             self.prepare = Pretokenizer(PretokenizerSpec(
                 "none", (), meta["lowercase"], meta["normalization"])).prepare
         self.specials = list(self.ref.special_ids)
-        self.special_re = (re.compile("|".join(re.escape(s) for s in sorted(
-            self.specials, key=len, reverse=True))) if self.specials else None)
+        self.special_re = special_token_pattern(self.specials)
 
     def tiktoken_refuses(self, prepared: str) -> str:
         """Why tiktoken should not be given this (normalized) text; "" if it can take it."""
@@ -302,12 +307,12 @@ class BatchEncoder:
                 f"the text contains the special token {m.group()!r}: set special_in_text = "
                 "special (encode it as its id) or text (encode it as ordinary text)")
         out: list[int] = []
-        pos, n = 0, 0
-        for m in self.special_re.finditer(text):
-            out += self.ordinary(text[pos:m.start()], valid_utf8)
-            out.append(self.ref.special_ids[m.group()])
-            pos, n = m.end(), n + 1
-        out += self.ordinary(text[pos:], valid_utf8)
+        n = 0
+        for chunk, special in cut_specials(text, self.special_re):
+            out += self.ordinary(chunk, valid_utf8)
+            if special is not None:
+                out.append(self.ref.special_ids[special])
+                n += 1
         return out, n
 
 

@@ -34,10 +34,21 @@ import numpy as np
 import regex
 
 from pipeline import fsutil
-from pipeline.bpe import BaseVocab, Merge, vocab_bytes
-from pipeline.order import pack_pairs
-from pipeline.outputs import IncompleteRun, canonical_ids, check_run
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec
+from pipeline.bpe import BaseVocab, Merge, bytes_vocab, vocab_bytes
+from pipeline.order import left_to_right, pack_pairs
+from pipeline.outputs import (
+    TOKENIZER_META_FORMAT,
+    TOKENIZER_META_VERSION,
+    IncompleteRun,
+    canonical_ids,
+    check_run,
+)
+from pipeline.pretokenize import (
+    Pretokenizer,
+    PretokenizerSpec,
+    cut_specials,
+    special_token_pattern,
+)
 
 CACHE_WORDS = 200_000
 CACHE_WORD_CHARS = 256  # longer words are not cached: they rarely repeat and would pin memory
@@ -208,31 +219,18 @@ class PairTable:
         return np.where(self._keys[idx] == q, self._key_rank[idx], np.int32(-1))
 
 
-def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray:
-    """:func:`bpe_encode` for very long words (needs ``table.grouped_ok``), O(n log n) with the
-    per-symbol work in numpy: all pairs of one rank are merged in one vectorized step.
+class _RankBuckets:
+    """Positions waiting to be merged, in one bucket per rank, taken lowest rank first."""
 
-    Why that is exact: the scan takes the lowest rank r present, leftmost first; merging it
-    only creates pairs that rank after r (``grouped_ok``), so the scan's next picks are the
-    remaining occurrences of the same pair, left to right, until none is left. Two occurrences
-    overlap only for a pair ``(a, a)`` inside a run, and there the scan takes the first, third,
-    ... of each chain of overlapping ones: so does the chain parity below. Positions are linked
-    (``nxt``/``prv``, a merged-away position holds -1); candidates wait in per-rank buckets
-    taken in rank order, and a candidate is applied only if its pair still stands."""
-    n = len(symbols)
-    tok = np.empty(n + 1, np.int32)  # tok[n] = -1: the end, which matches no pair
-    tok[:n] = np.frombuffer(symbols, np.uint8) if isinstance(symbols, bytes) else symbols
-    tok[n] = -1
-    nxt = np.arange(1, n + 2, dtype=np.int32)
-    prv = np.arange(-1, n, dtype=np.int32)
-    buckets: dict[int, list[np.ndarray]] = {}
-    order: list[int] = []  # heap of the ranks that have a bucket
+    def __init__(self) -> None:
+        self.buckets: dict[int, list[np.ndarray]] = {}
+        self.ranks: list[int] = []  # heap of the ranks that have a bucket
 
-    def add(pos: np.ndarray, r: np.ndarray | None = None) -> None:
-        """Queue the pairs that start at ``pos`` (increasing, live, not the last symbol);
-        ``r``: their ranks, if known."""
-        if r is None:
-            r = table.ranks(tok[pos], tok[nxt[pos]])
+    def __bool__(self) -> bool:
+        return bool(self.ranks)
+
+    def add(self, pos: np.ndarray, r: np.ndarray) -> None:
+        """Queue the pairs that start at ``pos`` (increasing), of ranks ``r`` (-1: no merge)."""
         hit = r >= 0
         if not hit.all():
             pos, r = pos[hit], r[hit]
@@ -246,19 +244,42 @@ def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray
             cuts = np.flatnonzero(r[1:] != r[:-1]) + 1
             groups = zip(r[np.concatenate(([0], cuts))].tolist(), np.split(pos, cuts))
         for rank, p in groups:
-            bucket = buckets.get(rank)
+            bucket = self.buckets.get(rank)
             if bucket is None:
-                buckets[rank] = [p]
-                heapq.heappush(order, rank)
+                self.buckets[rank] = [p]
+                heapq.heappush(self.ranks, rank)
             else:
                 bucket.append(p)
 
+    def pop(self) -> tuple[int, np.ndarray]:
+        """The lowest rank and its positions, increasing and distinct."""
+        rank = heapq.heappop(self.ranks)
+        parts = self.buckets.pop(rank)
+        return rank, parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+
+
+def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray:
+    """:func:`bpe_encode` for very long words (needs ``table.grouped_ok``), O(n log n) with the
+    per-symbol work in numpy: all pairs of one rank are merged in one vectorized step.
+
+    Why that is exact: the scan takes the lowest rank r present, leftmost first; merging it
+    only creates pairs that rank after r (``grouped_ok``), so the scan's next picks are the
+    remaining occurrences of the same pair, left to right, until none is left. Two occurrences
+    overlap only for a pair ``(a, a)`` inside a run, and there the scan takes the first, third,
+    ... of each chain of overlapping ones: so does :func:`order.left_to_right`. Positions are
+    linked (``nxt``/``prv``, a merged-away position holds -1); candidates wait in per-rank
+    buckets taken in rank order, and a candidate is applied only if its pair still stands."""
+    n = len(symbols)
+    tok = np.empty(n + 1, np.int32)  # tok[n] = -1: the end, which matches no pair
+    tok[:n] = np.frombuffer(symbols, np.uint8) if isinstance(symbols, bytes) else symbols
+    tok[n] = -1
+    nxt = np.arange(1, n + 2, dtype=np.int32)
+    prv = np.arange(-1, n, dtype=np.int32)
+    queue = _RankBuckets()
     if n >= 2:
-        add(np.arange(n - 1, dtype=np.int32), table.ranks(tok[:n - 1], tok[1:n]))
-    while order:
-        rank = heapq.heappop(order)
-        parts = buckets.pop(rank)
-        p = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
+        queue.add(np.arange(n - 1, dtype=np.int32), table.ranks(tok[:n - 1], tok[1:n]))
+    while queue:
+        rank, p = queue.pop()
         a, b, new = table.merge(rank)
         q = nxt[p]
         stands = (tok[p] == a) & (tok[q] == b)
@@ -267,13 +288,8 @@ def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray
         if not len(p):
             continue
         if a == b and len(p) > 1:
-            chained = q[:-1] == p[1:]  # this occurrence's right symbol starts the next one
-            if chained.any():
-                idx = np.arange(len(p), dtype=np.int32)
-                start = np.where(np.concatenate(([True], ~chained)), idx, 0)
-                np.maximum.accumulate(start, out=start)  # index where each chain starts
-                take = ((idx - start) & 1) == 0
-                p, q = p[take], q[take]
+            p = left_to_right(p, nxt)
+            q = nxt[p]
         k = nxt[q]
         tok[p] = new
         tok[q] = -1
@@ -286,7 +302,8 @@ def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray
         keep = cand >= 0
         keep[2::2] &= left[1:] != p[:-1]  # p[i-1] is already there
         cand = cand[keep]
-        add(cand[nxt[cand] < n])
+        cand = cand[nxt[cand] < n]
+        queue.add(cand, table.ranks(tok[cand], tok[nxt[cand]]))
     out = tok[:n]
     return out[out >= 0]
 
@@ -311,7 +328,7 @@ class Tokenizer:
         self.special_tokens = list(special_tokens)
         self.special_ids = {s: n + i for i, s in enumerate(special_tokens)}
         self.special_by_id = {i: s.encode() for s, i in self.special_ids.items()}
-        self.spec = PretokenizerSpec(spec.pattern, (), spec.lowercase, spec.normalization)
+        self.spec = spec.without_specials()
         self._pre = Pretokenizer(self.spec)
         self._cache: dict[str, list[int]] = {}
         self._special_res: dict[frozenset[str], regex.Pattern[str]] = {}
@@ -339,16 +356,18 @@ class Tokenizer:
     @classmethod
     def from_meta(cls, meta: dict, source: str = "tokenizer_meta.json") -> Tokenizer:
         """Build from the parsed ``tokenizer_meta.json`` of a run."""
-        if meta.get("format") != "spark-bpe tokenizer" or meta.get("version") != 1:
+        if meta.get("format") != TOKENIZER_META_FORMAT \
+                or meta.get("version") != TOKENIZER_META_VERSION:
             raise EncodeError(f"{source}: unknown format {meta.get('format')!r} "
-                              f"v{meta.get('version')}; this build reads version 1")
+                              f"v{meta.get('version')}; this build reads version "
+                              f"{TOKENIZER_META_VERSION}")
         if meta["alphabet"] == "bytes":
-            base = BaseVocab("bytes", [bytes([i]) for i in range(256)])
+            base = bytes_vocab()
         else:
             base = BaseVocab("chars", [base64.b64decode(t) for t in meta["base_tokens"]],
                              meta.get("end_of_word_suffix", ""))
         merges = [Merge(a, b, base.size + i, c) for i, (a, b, c) in enumerate(meta["merges"])]
-        spec = PretokenizerSpec(meta["pattern"], (), meta["lowercase"], meta["normalization"])
+        spec = PretokenizerSpec.from_meta(meta).without_specials()
         return cls(base, merges, meta["special_tokens"], spec)
 
     # -- encoding --------------------------------------------------------------------------------
@@ -421,17 +440,13 @@ class Tokenizer:
             return self.encode_ordinary(text)
         key = frozenset(allowed)
         pat = self._special_res.get(key)
-        if pat is None:  # longest first: of two specials starting at one place, the longer wins
-            pat = regex.compile("|".join(regex.escape(s) for s in sorted(allowed, key=len,
-                                                                            reverse=True)))
-            self._special_res[key] = pat
+        if pat is None:
+            pat = self._special_res[key] = special_token_pattern(allowed)
         out: list[int] = []
-        pos = 0
-        for m in pat.finditer(text):
-            self._encode_chunk(text[pos:m.start()], out)
-            out.append(self.special_ids[m.group()])
-            pos = m.end()
-        self._encode_chunk(text[pos:], out)
+        for chunk, special in cut_specials(text, pat):
+            self._encode_chunk(chunk, out)
+            if special is not None:
+                out.append(self.special_ids[special])
         return out
 
     def encode_batch(self, texts: Iterable[str], **kwargs) -> list[list[int]]:
@@ -439,8 +454,11 @@ class Tokenizer:
 
     # -- decoding --------------------------------------------------------------------------------
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The tokens' bytes joined (an end-of-word suffix symbol included)."""
+        return self._join(ids, self.vocab)
+
+    def _join(self, ids: Iterable[int], vocab: list[bytes]) -> bytes:
         parts = []
-        vocab = self.vocab
         n = len(vocab)
         for i in ids:
             if 0 <= i < n:

@@ -8,7 +8,12 @@
 Every engine lays the distinct words end to end in first-seen order and numbers their symbol
 positions, so "first occurrence" is a pair's smallest live *position* and the rule is one
 tuple comparison: :func:`priority` (smaller wins). The oracle in ``bpe.py`` gets the same order
-from a dict's insertion order; the engines keep heaps of :func:`heap_entry` tuples.
+from a dict's insertion order; the engines keep heaps of :func:`heap_entry` tuples (read back
+with :func:`unpack_entry`). The count stage records each word's first occurrence as one
+order-preserving int64 (:class:`FirstSeenLayout`), the order the engines lay words out in.
+
+Inside one word, overlapping occurrences of a pair ``(a, a)`` (a run ``a a a``) merge left to
+right: :func:`left_to_right`.
 
 Pairs of token ids are packed into one int64 key, ``left << 32 | right`` (:func:`pack_pair`),
 so that sorting keys sorts pairs by (left, right) and a pair is one number in numpy arrays,
@@ -17,6 +22,7 @@ dicts and Spark records.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
@@ -35,6 +41,12 @@ def heap_entry(count: int, position: int, ident: int) -> tuple[int, int, int]:
     return (-count, position, ident)
 
 
+def unpack_entry(entry: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(count, position, ident) of a :func:`heap_entry`."""
+    negc, position, ident = entry
+    return -negc, position, ident
+
+
 def pack_pair(left: int, right: int) -> int:
     return (left << 32) | right
 
@@ -49,3 +61,42 @@ def unpack_pair(key: int) -> tuple[int, int]: ...
 def unpack_pair(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 def unpack_pair(key):
     return key >> 32, key & _LOW
+
+
+def left_to_right(first: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """Of the occurrences of one pair at increasing positions ``first`` (``nxt``: each
+    position's next live position), those that merge: where occurrences overlap (a pair
+    ``(a, a)`` in a run ``a a a ...``), the 1st, 3rd, ... of each chain, as a left-to-right
+    scan takes them."""
+    if len(first) < 2:
+        return first
+    chained = nxt[first[:-1]] == first[1:]  # this occurrence's right symbol starts the next
+    if not chained.any():
+        return first
+    idx = np.arange(len(first))
+    chain_start = np.maximum.accumulate(np.where(np.r_[False, chained], 0, idx))
+    return first[((idx - chain_start) & 1) == 0]
+
+
+@dataclass(frozen=True)
+class FirstSeenLayout:
+    """Bit layout packing a first occurrence (file, row, rank in row) into one int64 whose
+    order is the corpus order. ``pack`` works on ints and on numpy int64 arrays; the count's
+    Spark SQL spells the same shifts with :attr:`file_shift` and :attr:`rank_bits`."""
+
+    row_bits: int
+    rank_bits: int
+
+    @classmethod
+    def fit(cls, files: int, max_row: int, max_rank: int) -> FirstSeenLayout | None:
+        """The layout for these maxima, or None when they need more than 63 bits."""
+        fb, rb, kb = (max(files - 1, 0).bit_length(), max_row.bit_length(),
+                      max_rank.bit_length())
+        return cls(rb, kb) if fb + rb + kb <= 63 else None
+
+    @property
+    def file_shift(self) -> int:
+        return self.row_bits + self.rank_bits
+
+    def pack(self, file, row, rank):
+        return (file << self.file_shift) | (row << self.rank_bits) | rank

@@ -39,9 +39,10 @@ import regex
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
-from pipeline.pretokenize import PATTERNS, resolve_pattern
+from pipeline.pretokenize import PATTERNS, PretokenizerSpec, resolve_pattern
 
-RUN_FORMAT_VERSION = 1
+TOKENIZER_META_FORMAT = "spark-bpe tokenizer"  # tokenizer_meta.json, what encoder.py reads
+TOKENIZER_META_VERSION = 1
 TIKTOKEN_ANY = r"[\s\S]+"  # tiktoken's pat_str for pattern = none (a chunk is one piece)
 
 
@@ -99,6 +100,12 @@ class TrainedTokenizer:
             cached = self.__dict__["_vocab"] = (len(self.merges),
                                                 vocab_bytes(self.base, self.merges))
         return cached[1]
+
+    @property
+    def spec(self) -> PretokenizerSpec:
+        """The split settings it was trained with."""
+        return PretokenizerSpec(self.pattern, tuple(self.special_tokens), self.lowercase,
+                                self.normalization)
 
     def special_ids(self) -> dict[str, int]:
         n = self.base.size + len(self.merges)
@@ -427,6 +434,7 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "spark-bpe run"
+RUN_VERSION = 1
 _CHECKED_FILES = ("merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
                   "tiktoken.json", "tokenizer_meta.json")
 
@@ -446,7 +454,7 @@ def write_run_json(run_dir: str, summary: dict, spark=None) -> None:
     files = {n: _sha256_text(spark, j(run_dir, n)) for n in _CHECKED_FILES
              if fsutil.exists(spark, j(run_dir, n))}
     fsutil.write_text(spark, j(run_dir, RUN_FILE), json.dumps(
-        {"format": RUN_FORMAT, "version": 1, **summary, "files": files}, indent=2))
+        {"format": RUN_FORMAT, "version": RUN_VERSION, **summary, "files": files}, indent=2))
 
 
 def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
@@ -498,17 +506,14 @@ def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
         fsutil.write_text(spark, j(run_dir, "tiktoken.json"),
                           json.dumps(tiktoken_meta(tok, ranks), ensure_ascii=False, indent=2))
     fsutil.write_text(spark, j(run_dir, "tokenizer_meta.json"), json.dumps({
-        "format": "spark-bpe tokenizer",
-        "version": RUN_FORMAT_VERSION,
+        "format": TOKENIZER_META_FORMAT,
+        "version": TOKENIZER_META_VERSION,
         "alphabet": tok.base.alphabet,
         "base_tokens": [base64.b64encode(t).decode() for t in tok.base.tokens]
         if tok.base.alphabet != "bytes" else None,
         "end_of_word_suffix": tok.base.end_of_word_suffix,
         "merges": [[m.left, m.right, m.count] for m in tok.merges],
-        "special_tokens": tok.special_tokens,
-        "pattern": tok.pattern,
-        "lowercase": tok.lowercase,
-        "normalization": tok.normalization,
+        **tok.spec.as_meta(),  # pattern, special tokens, lowercase, normalization
         "duplicate_tokens": tok.duplicate_tokens(),
         "export_notes": notes,
     }))

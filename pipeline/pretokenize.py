@@ -7,6 +7,7 @@ executors (inside ``mapInArrow``) and in the single-process reference used by th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import sys
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 import regex
+
+from pipeline.order import FirstSeenLayout
 
 # The exact split patterns tiktoken uses for these encodings.
 PATTERNS: dict[str, str] = {
@@ -139,6 +142,36 @@ class PretokenizerSpec:
     lowercase: bool = False
     normalization: str = "none"
 
+    def as_meta(self) -> dict:
+        """The settings as word tables, checkpoints and ``tokenizer_meta.json`` record them."""
+        return {"pattern": self.pattern, "special_tokens": list(self.special_tokens),
+                "lowercase": self.lowercase, "normalization": self.normalization}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> PretokenizerSpec:
+        return cls(meta["pattern"], tuple(meta.get("special_tokens") or ()),
+                   bool(meta.get("lowercase", False)), meta.get("normalization", "none"))
+
+    def without_specials(self) -> PretokenizerSpec:
+        """The split of text between special tokens (an encoder cuts those out first)."""
+        return dataclasses.replace(self, special_tokens=())
+
+
+def special_token_pattern(specials: Iterable[str]) -> regex.Pattern[str] | None:
+    """A pattern that finds the special tokens in text, longest first (of two that start at
+    one place, the longer wins); None for none."""
+    ordered = sorted(set(specials), key=len, reverse=True)
+    return regex.compile("|".join(regex.escape(s) for s in ordered)) if ordered else None
+
+
+def cut_specials(text: str, specials: regex.Pattern[str]) -> Iterator[tuple[str, str | None]]:
+    """``text`` as (ordinary text, the special token after it); the last special is None."""
+    pos = 0
+    for m in specials.finditer(text):
+        yield text[pos:m.start()], m.group()
+        pos = m.end()
+    yield text[pos:], None
+
 
 @dataclass
 class Pretokenizer:
@@ -156,10 +189,7 @@ class Pretokenizer:
             self._findall = _fast_findall(self._split.findall,
                                           re.compile(fast_pattern(self.spec.pattern)).findall,
                                           self.spec.pattern in _LINE_CUT_SAFE)
-        specials = sorted(set(self.spec.special_tokens), key=len, reverse=True)
-        self._specials = (
-            regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
-        )
+        self._specials = special_token_pattern(self.spec.special_tokens)
 
     def prepare(self, text: str) -> str:
         if self.spec.normalization != "none":
@@ -352,25 +382,6 @@ class WordRecord:
     first_key: tuple[int, int, int]  # (file index, row, rank in row)
 
 
-@dataclass(frozen=True)
-class FirstSeenLayout:
-    """Bit layout packing (file, row, rank in row) into one order-preserving int64."""
-
-    row_bits: int
-    rank_bits: int
-
-    @classmethod
-    def fit(cls, files: int, max_row: int, max_rank: int) -> FirstSeenLayout | None:
-        """The layout for these maxima, or None when they need more than 63 bits."""
-        fb, rb, kb = (max(files - 1, 0).bit_length(), max_row.bit_length(),
-                      max_rank.bit_length())
-        return cls(rb, kb) if fb + rb + kb <= 63 else None
-
-    def pack(self, key: tuple[int, int, int]) -> int:
-        f, r, k = key
-        return (f << (self.row_bits + self.rank_bits)) | (r << self.rank_bits) | k
-
-
 def count_files(
     pretokenizer: Pretokenizer, files: Iterable[tuple[int, Iterable[str | bytes | None]]],
     max_word_bytes: int = 0,
@@ -404,7 +415,7 @@ def count_files(
     layout = FirstSeenLayout.fit(n_files, max_row, max_rank)
     if layout is None:
         return [(w, c, i) for i, (w, (c, _)) in enumerate(ordered)], total
-    return [(w, c, layout.pack(k)) for w, (c, k) in ordered], total
+    return [(w, c, layout.pack(*k)) for w, (c, k) in ordered], total
 
 
 def records_of(wc: WordCounter) -> Iterator[WordRecord]:

@@ -33,7 +33,7 @@ from pipeline.bpe import BaseVocab, Merge
 from pipeline.encoder import PairTable, Tokenizer, bpe_encode
 from pipeline.engines.local import initial_symbols
 from pipeline.outputs import TrainedTokenizer, export_notes
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, decode_row, word_bytes
+from pipeline.pretokenize import Pretokenizer, decode_row, word_bytes
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,7 @@ def measure_sample(tok: TrainedTokenizer, texts: Sequence[str | bytes], label: s
                    held_out: bool = False) -> SampleStats:
     """Replay the merges over the sample's words (vectorized, exact) to get its bytes per token
     after every merge and its final token lengths; encode a few example snippets."""
-    spec = PretokenizerSpec(tok.pattern, tuple(tok.special_tokens), tok.lowercase,
-                            tok.normalization)
-    pre = Pretokenizer(spec)
+    pre = Pretokenizer(tok.spec)
     counts: Counter[str] = Counter()
     rows = 0
     for value in texts:
@@ -175,8 +173,7 @@ def examples(tok: TrainedTokenizer, texts: Sequence[str | bytes]) -> list[list[b
     rows = [decode_row(t)[0] for t in texts if t]
     if not rows:
         return []
-    enc = Tokenizer(tok.base, tok.merges, tok.special_tokens,
-                    PretokenizerSpec(tok.pattern, (), tok.lowercase, tok.normalization))
+    enc = Tokenizer(tok.base, tok.merges, tok.special_tokens, tok.spec.without_specials())
     picked = sorted({int(i * len(rows) / EXAMPLES) for i in range(min(EXAMPLES, len(rows)))})
     out = []
     for i in picked:

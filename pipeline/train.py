@@ -44,8 +44,8 @@ from pipeline.count.word_table import (
     WordTable,
     legacy_digest,
     open_word_table,
-    pretokenizer_meta,
     read_word_table,
+    same_source,
     spark_table_summary,
 )
 from pipeline.engines.local import LocalTrainer, initial_symbols
@@ -119,14 +119,12 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     changed = False
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
-        same_source = all(wt.meta.get(k, default) == getattr(cfg, k) for k, default in (
-            ("input", ""), ("text_column", "text"), ("input_format", "parquet"),
-            ("input_table", ""), ("input_weights", [])))
-        if same_source and _cut_elsewhere(wt, cfg):
+        same_input = same_source(wt.meta, cfg)
+        if same_input and _cut_elsewhere(wt, cfg):
             changed = True
             log.info("recounting: the word table at %s was counted by an older version that "
                      "cut special tokens after normalization and lowercasing", own)
-        elif same_source and all(getattr(cfg, k) == v
+        elif same_input and all(getattr(cfg, k) == v
                                  for k, v in _table_settings(wt).items()):
             files, footers = list_input(spark, cfg)
             now = input_fingerprint(spark, files, footers)
@@ -170,7 +168,7 @@ def _refuse_other_settings(spark: SparkSession, cfg: Config, max_word_bytes: int
     if not then:
         return
     was = {**(then.get("pretokenizer") or {}), "max_word_bytes": then.get("max_word_bytes", 0)}
-    now = {**pretokenizer_meta(cfg.pretokenizer_spec()), "max_word_bytes": max_word_bytes}
+    now = {**cfg.pretokenizer_spec().as_meta(), "max_word_bytes": max_word_bytes}
     differ = [k for k in now if was.get(k) != now[k]]
     if not differ:
         return
@@ -339,8 +337,10 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
                         fp, base.size, settings)
     budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
     engine, why = choose_engine(cfg.engine, symbols, budget)
-    prep = Prepared(cfg, wt, words, base, target, total_tokens, symbols, fp, ckpt, [], [],
-                    engine, why, budget, stages)
+    prep = Prepared(cfg=cfg, table=wt, words=words, base=base, target=target,
+                    total_tokens=total_tokens, symbols=symbols, fingerprint=fp,
+                    checkpointer=ckpt, prior=[], prior_removed=[], engine=engine,
+                    engine_decision=why, budget=budget, stages=stages)
     done = _run_summary(cfg.output, spark)
     if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
             and cfg.resume != "never" and _outputs_still_valid(spark, cfg, done)):

@@ -1,6 +1,6 @@
 """The modules a user of a trained tokenizer imports, and the pure core, import without pyspark
-(as in a venv without it): pyspark is blocked here, then they are imported. Run by CI and by
-tests/test_bpe_core.py. Exit 0 when all import."""
+(as in a venv without it): pyspark is blocked here, then they are imported and a tokenizer
+encodes and decodes. Run by CI and by tests/test_bpe_core.py. Exit 0 when all work."""
 
 import os
 import sys
@@ -9,7 +9,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PURE = ["pipeline.bpe", "pipeline.order", "pipeline.encoder", "pipeline.outputs",
         "pipeline.pretokenize", "pipeline.checkpoint", "pipeline.memory",
-        "pipeline.engines.local", "pipeline.engines.planner", "pipeline.engines.partition"]
+        "pipeline.engines.local", "pipeline.engines.planner", "pipeline.engines.partition",
+        "pipeline.engines.deltas", "pipeline.engines.rounds", "pipeline.report",
+        "pipeline.fsutil"]
 
 
 class NoPyspark:
@@ -25,7 +27,16 @@ def main() -> int:
 
     for name in PURE:
         importlib.import_module(name)
-    print(f"imported without pyspark: {', '.join(PURE)}")
+    from pipeline.bpe import Merge, bytes_vocab
+    from pipeline.encoder import Tokenizer
+    from pipeline.pretokenize import PretokenizerSpec
+
+    tok = Tokenizer(bytes_vocab(), [Merge(104, 105, 256, 2)], ["<|end|>"], PretokenizerSpec())
+    ids = tok.encode("hi hi<|end|>", allowed_special="all")
+    if ids != [256, 32, 256, 257] or tok.decode(ids) != "hi hi<|end|>":
+        print(f"a tokenizer without pyspark encoded 'hi hi<|end|>' as {ids}", file=sys.stderr)
+        return 1
+    print(f"imported without pyspark: {', '.join(PURE)}; a tokenizer encodes and decodes")
     return 0
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.bpe import initial_words, tokens_after, train_oracle
-from pipeline.engines import local as fast_bpe
+from pipeline.engines import local
 from pipeline.engines.local import LocalTrainer
 from pipeline.engines.rounds import InProcessPartitions, run_rounds
 
@@ -48,12 +48,12 @@ def test_local_engine_equals_oracle(monkeypatch, small, squeeze, corpus, min_cou
     ``squeezed``: word counts of 3 or more go through the big-count lookup, the heap starts
     with 2 pairs (its floor is lowered over and over), and the position buffer starts as
     small as it can (it is compacted and grown as merges add positions)."""
-    monkeypatch.setattr(fast_bpe, "SMALL", small)
+    monkeypatch.setattr(local, "SMALL", small)
     if squeeze:
-        monkeypatch.setattr(fast_bpe, "BIG", 3)
-        monkeypatch.setattr(fast_bpe, "HEAP_START", 2)
-        monkeypatch.setattr(fast_bpe, "MIN_CAPACITY", 1)
-        monkeypatch.setattr(fast_bpe, "_CHUNK", 5)
+        monkeypatch.setattr(local, "BIG", 3)
+        monkeypatch.setattr(local, "HEAP_START", 2)
+        monkeypatch.setattr(local, "MIN_CAPACITY", 1)
+        monkeypatch.setattr(local, "_CHUNK", 5)
     words, counts = corpus
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 40, min_count, max_bytes)
@@ -167,7 +167,7 @@ def test_initial_counting_sort_in_chunks_equals_one_pass(monkeypatch):
     counts = rng.integers(1, 9, len(words)).tolist()
     ids, base = initial_words(words)
     whole = LocalTrainer.from_words(ids, counts, base.tokens)
-    monkeypatch.setattr(fast_bpe, "_CHUNK", 7)
+    monkeypatch.setattr(local, "_CHUNK", 7)
     chunked = LocalTrainer.from_words(ids, counts, base.tokens)
     n = whole.state.n_ids
     assert chunked.state.n_ids == n
@@ -188,7 +188,7 @@ def test_initial_symbols_reads_large_binary_as_binary(offset):
     from pipeline.bpe import bytes_vocab
 
     words = [b"ab", b"cde", b"", b"f"]
-    want = fast_bpe.initial_symbols(bytes_vocab(), pa.array(words, pa.binary())[offset:])
-    got = fast_bpe.initial_symbols(bytes_vocab(), pa.array(words, pa.large_binary())[offset:])
+    want = local.initial_symbols(bytes_vocab(), pa.array(words, pa.binary())[offset:])
+    got = local.initial_symbols(bytes_vocab(), pa.array(words, pa.large_binary())[offset:])
     assert [a.tolist() for a in got] == [a.tolist() for a in want]
     assert want[0].tolist() == list(b"".join(words[offset:]))

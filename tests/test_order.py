@@ -9,15 +9,18 @@ import heapq
 import numpy as np
 import pytest
 
-from pipeline.bpe import initial_words, train_oracle
+from pipeline.bpe import initial_words, tokens_after, train_oracle
 from pipeline.engines.local import LocalTrainer
 from pipeline.engines.rounds import InProcessPartitions, run_rounds
 from pipeline.order import (
     NO_POSITION,
+    FirstSeenLayout,
     heap_entry,
+    left_to_right,
     pack_pair,
     pack_pairs,
     priority,
+    unpack_entry,
     unpack_pair,
 )
 
@@ -28,7 +31,31 @@ def test_the_rule():
     assert priority(1, 10**12) < priority(1, NO_POSITION)
     heap = [heap_entry(2, 5, 7), heap_entry(1, 0, 8), heap_entry(2, 4, 9)]
     heapq.heapify(heap)
-    assert heapq.heappop(heap)[2] == 9
+    assert unpack_entry(heapq.heappop(heap)) == (2, 4, 9)
+
+
+def test_overlapping_occurrences_merge_left_to_right():
+    # "a a a a a b a a": (a, a) starts at 0, 1, 2, 3 (one chain) and at 6
+    nxt = np.array([1, 2, 3, 4, 5, 6, 7, -1])
+    assert left_to_right(np.array([0, 1, 2, 3, 6]), nxt).tolist() == [0, 2, 6]
+    # with merged-away positions (nxt skips them): 0 -> 2 -> 4 is one chain of three
+    nxt = np.array([2, -1, 4, -1, 5, -1])
+    assert left_to_right(np.array([0, 2, 4]), nxt).tolist() == [0, 4]
+    assert left_to_right(np.array([3]), nxt).tolist() == [3]
+    # the oracle agrees: "aaaaa" with one merge of (a, a) is aa aa a
+    ids, base = initial_words([b"aaaaa"])
+    merges = train_oracle(ids, [1], base.tokens, 1, min_pair_count=1)
+    assert tokens_after(ids, [1], merges) == [3]
+
+
+def test_first_seen_packing_keeps_corpus_order():
+    layout = FirstSeenLayout.fit(files=3, max_row=1000, max_rank=70)
+    keys = [(0, 0, 5), (0, 1, 0), (0, 1000, 70), (1, 0, 0), (2, 999, 1)]
+    packed = [layout.pack(*k) for k in keys]
+    assert packed == sorted(packed) and len(set(packed)) == len(keys)
+    f, r, k = (np.array(c, dtype=np.int64) for c in zip(*keys))
+    assert layout.pack(f, r, k).tolist() == packed  # the numpy form is the same packing
+    assert FirstSeenLayout.fit(files=2**20, max_row=2**30, max_rank=2**20) is None
 
 
 def _first_merge(words: list[bytes], counts: list[int], engine: str) -> tuple[bytes, bytes]:

@@ -1,1 +1,1 @@
-"""Stage 1: corpus -> word table."""
+"""The count stage: corpus -> word table."""

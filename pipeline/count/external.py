@@ -31,7 +31,9 @@ from pipeline.config import Config, ConfigError
 from pipeline.count.word_table import (
     WORD_TABLE_ARROW_SCHEMA,
     check_replaceable,
+    first_in_order,
     publish_word_table,
+    sum_duplicates,
     table_summary,
     word_table_meta,
     write_table_data,
@@ -178,16 +180,13 @@ def canonical(table: pa.Table) -> pa.Table:
                     "empty or null word)", len(keep) - int(keep.sum()), len(keep))
     words = words.filter(pa.array(keep))
     counts, first = counts[keep], first[keep]
-    enc = pc.dictionary_encode(words)
-    wid = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    n = len(enc.dictionary)
+    distinct, wid, totals = sum_duplicates(words, counts)
+    n = len(distinct)
     order = np.lexsort((np.arange(len(wid)), first))  # by position, then by row
-    totals = np.zeros(n, dtype=np.int64)
-    np.add.at(totals, wid, counts)
-    _, at = np.unique(wid[order], return_index=True)  # each word's earliest row, in order
+    at = first_in_order(wid, order)
     rank = np.empty(n, dtype=np.int64)
     rank[wid[order][np.sort(at)]] = np.arange(n, dtype=np.int64)
-    out = pa.table({"word": enc.dictionary.cast(pa.binary()),
+    out = pa.table({"word": distinct,
                     "count": pa.array(totals, pa.int64()),
                     "first_seen": pa.array(rank, pa.int64())}, schema=WORD_TABLE_ARROW_SCHEMA)
     return out.sort_by("first_seen")

@@ -1,15 +1,18 @@
-"""Stage 1 (Spark): Parquet corpus -> word table ``(word, count, first_seen)``.
+"""The count stage (Spark): a corpus (Parquet, or any input format ``corpus.py`` reads) -> word
+table ``(word, count, first_seen)``.
 
 Text reaches Python in Arrow batches (``mapInArrow``). Each task counts the words of its rows
-per input file and remembers each word's first occurrence as (file index, row, index of the
-word's first match in the row). The partial counts are then merged: counts summed, the smallest
-key kept per word, and the key packed into an order-preserving int64 ``first_seen`` (or, when it
-needs more than 63 bits, replaced by its dense rank). The partials are kept (local Arrow files
-with a local master, else the executors' disks) while the merge is chosen from their measured
-size (``count_merge``, ``memory.py``):
-when they fit the driver's memory they come to the driver as Arrow and numpy merges them
-(no shuffle, none of a fresh JVM's warm-up), else a Spark aggregation does. Either way the
-word table does not depend on partitioning (docs/DESIGN.md section 1).
+per input file and remembers each word's first occurrence as (file index, block, row, index of
+the word's first match in the row); ``block`` is the start of the file split a Spark reader
+gave the task (0 for Parquet, whose rows are numbered in the file). The partial counts are
+then merged: counts summed, the smallest key kept per word, and the key packed into an
+order-preserving int64 ``first_seen`` (``order.FirstSeenLayout``; or, when it needs more than
+63 bits, replaced by its dense rank). The partials are kept (local Arrow files with a local
+master, else the executors' disks) while the merge is chosen from their measured size
+(``count_merge``, ``memory.py``): when they fit the driver's memory they come to the driver as
+Arrow and numpy merges them (no shuffle, none of a fresh JVM's warm-up), else a Spark
+aggregation does. Either way the word table does not depend on partitioning (docs/DESIGN.md
+section 1).
 """
 
 from __future__ import annotations
@@ -54,8 +57,11 @@ from pipeline.count.word_table import (
     WordTable,
     arrow_ipc,
     check_replaceable,
+    first_in_order,
     iter_arrow,
     publish_word_table,
+    source_meta,
+    sum_duplicates,
     table_summary,
     word_table_meta,
     write_table_data,
@@ -67,8 +73,8 @@ from pipeline.memory import (
     driver_fetch_limit,
     release_freed_memory,
 )
+from pipeline.order import FirstSeenLayout
 from pipeline.pretokenize import (
-    FirstSeenLayout,
     Pretokenizer,
     PretokenizerSpec,
     RowStats,
@@ -323,10 +329,10 @@ def _merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float
     unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
     words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
     layout = _layout(stats, n_files)
-    if layout is not None:  # pack (file, row, rank): order-preserving, no global sort needed
+    if layout is not None:  # layout.pack in SQL: order-preserving, no global sort needed
         table = words.select(
             "word", "count",
-            (F.shiftleft(F.col("first.file").cast("long"), layout.row_bits + layout.rank_bits)
+            (F.shiftleft(F.col("first.file").cast("long"), layout.file_shift)
              .bitwiseOR(F.shiftleft(F.col("first.row"), layout.rank_bits))
              .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
         )
@@ -405,25 +411,22 @@ def _merge_bucket(batches: list[pa.RecordBatch], layout: FirstSeenLayout | None
     """One bucket's distinct words, their summed counts and their first keys: packed
     (``layout``) or, for dense ranks, the (file, block, row, rank) columns stacked."""
     words = pa.Table.from_batches(batches, schema=PARTIAL_ARROW_SCHEMA)
-    ids = pc.dictionary_encode(words.column("word").combine_chunks())  # one dictionary
-    word_id = ids.indices.to_numpy(zero_copy_only=False)
-    n = len(ids.dictionary)
-    totals = np.zeros(n, dtype=np.int64)  # exact int64 sums (np.bincount goes through float64)
-    np.add.at(totals, word_id, words.column("count").to_numpy())
+    distinct, word_id, totals = sum_duplicates(words.column("word").combine_chunks(),
+                                               words.column("count").to_numpy())
+    n = len(distinct)
     file = words.column("file").to_numpy().astype(np.int64)
     row = words.column("row").to_numpy()
     rank = words.column("rank").to_numpy().astype(np.int64)
     if layout is not None:  # the packed key preserves (file, row, rank) order: its minimum
-        key = (file << (layout.row_bits + layout.rank_bits)) | (row << layout.rank_bits) | rank
+        key = layout.pack(file, row, rank)
         first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(first, word_id, key)
     else:  # each word's row with the smallest (file, block, row, rank)
         block = words.column("block").to_numpy()
         by_key = np.lexsort((rank, row, block, file))
-        _, first_at = np.unique(word_id[by_key], return_index=True)
-        rep = by_key[first_at]
+        rep = by_key[first_in_order(word_id, by_key)]
         first = np.stack([file[rep], block[rep], row[rep], rank[rep]])
-    return ids.dictionary.cast(pa.binary()), totals, first
+    return distinct, totals, first
 
 
 def merge_partials(partial: pa.Table | BucketedPartials, n_files: int
@@ -814,9 +817,7 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
         )
     stats["seconds"] = round(time.time() - t0, 3)
     stats["files"] = len(files)
-    source = {"input": cfg.input, "input_format": cfg.input_format,
-              "input_table": cfg.input_table, "input_weights": list(cfg.input_weights),
-              "input_fingerprint": fingerprint, "files": len(files)}
+    source = {**source_meta(cfg), "input_fingerprint": fingerprint, "files": len(files)}
     left_out = {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
                                                 "rows_with_long_words")},
                 "unreadable_files": stats["skipped_files"]}

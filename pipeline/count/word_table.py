@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from pipeline import fsutil
-from pipeline.config import ConfigError
+from pipeline.config import Config, ConfigError
 from pipeline.pretokenize import PretokenizerSpec
 
 WORD_TABLE_VERSION = 2  # v2: max_word_bytes, input_fingerprint (v1 is read as "no cap")
@@ -243,6 +243,23 @@ def open_word_table(spark: SparkSession, path: str) -> WordTable:
     return WordTable(path, meta)
 
 
+def sum_duplicates(words: pa.Array, counts: np.ndarray
+                   ) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Rows of (word, count) with repeated words: (the distinct words, as binary; each row's
+    index into them; each distinct word's summed count, exact int64)."""
+    enc = pc.dictionary_encode(words)
+    word_id = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    totals = np.zeros(len(enc.dictionary), dtype=np.int64)  # (np.bincount sums in float64)
+    np.add.at(totals, word_id, counts)
+    return enc.dictionary.cast(pa.binary()), word_id, totals
+
+
+def first_in_order(word_id: np.ndarray, by_key: np.ndarray) -> np.ndarray:
+    """With ``by_key`` the rows sorted by first occurrence: for each distinct word, the index
+    into ``by_key`` of its earliest row."""
+    return np.unique(word_id[by_key], return_index=True)[1]
+
+
 def arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:
     """Record batches as one Arrow IPC stream (bytes the JVM passes through untouched)."""
     sink = pa.BufferOutputStream()
@@ -252,10 +269,23 @@ def arrow_ipc(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def pretokenizer_meta(spec: PretokenizerSpec) -> dict:
-    """The split settings as a word table (and every checkpoint's fingerprint) records them."""
-    return {"pattern": spec.pattern, "special_tokens": list(spec.special_tokens),
-            "lowercase": spec.lowercase, "normalization": spec.normalization}
+# what a word table records of its input (and the values a table from before a key existed
+# was made with)
+_SOURCE_DEFAULTS = {"input": "", "text_column": "text", "input_format": "parquet",
+                    "input_table": "", "input_weights": []}
+
+
+def source_meta(cfg: Config) -> dict:
+    """The input settings a word table records (``text_column`` is recorded beside them)."""
+    return {"input": cfg.input, "input_format": cfg.input_format,
+            "input_table": cfg.input_table, "input_weights": list(cfg.input_weights)}
+
+
+def same_source(meta: dict, cfg: Config) -> bool:
+    """Whether a word table's metadata names this config's input (not whether the files
+    behind it changed: that is the input fingerprint's job)."""
+    now = {**source_meta(cfg), "text_column": cfg.text_column}
+    return all(meta.get(k, default) == now[k] for k, default in _SOURCE_DEFAULTS.items())
 
 
 def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: int,
@@ -269,7 +299,7 @@ def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: in
         "version": WORD_TABLE_VERSION,
         **source,
         "text_column": text_column,
-        "pretokenizer": pretokenizer_meta(spec),
+        "pretokenizer": spec.as_meta(),
         "max_word_bytes": max_word_bytes,
         "special_tokens_cut": SPECIAL_TOKENS_CUT,
         "unique_words": stats["unique_words"],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.order import NO_POSITION
+from pipeline.engines.local import first_of_runs
 
 
 @dataclass
@@ -32,18 +32,24 @@ class PairDeltas:
 
 
 def combine(x: PairDeltas, y: PairDeltas) -> PairDeltas:
-    """Merge two reports: deltas add up; the position reported by the lowest partition wins."""
+    """Merge two reports: deltas add up; the position reported by the lowest partition wins
+    (:func:`combine_entry` for one pair)."""
     keys = np.concatenate([x.keys, y.keys])
     part = np.concatenate([x.part, y.part])
     order = np.lexsort((part, keys))
     keys, part = keys[order], part[order]
     deltas = np.concatenate([x.deltas, y.deltas])[order]
     mins = np.concatenate([x.min_pos, y.min_pos])[order]
-    first = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.zeros(0, dtype=bool)
-    starts = np.flatnonzero(first)
+    starts = np.flatnonzero(first_of_runs(keys))
     sums = np.add.reduceat(deltas, starts) if len(starts) else deltas[:0]
     return PairDeltas(keys[starts], sums, part[starts], mins[starts], x.removed + y.removed,
                       x.tokens + y.tokens, max(x.work, y.work))
+
+
+def combine_entry(x: tuple[int, int, int], y: tuple[int, int, int]) -> tuple[int, int, int]:
+    """:func:`combine` for one pair's (delta, partition, smallest position): a reduceByKey
+    function."""
+    return (x[0] + y[0], *min(x[1:], y[1:]))
 
 
 def combine_all(reports: list[PairDeltas], batch_len: int = 0) -> PairDeltas:
@@ -53,4 +59,4 @@ def combine_all(reports: list[PairDeltas], batch_len: int = 0) -> PairDeltas:
     return out
 
 
-__all__ = ["PairDeltas", "combine", "combine_all", "NO_POSITION"]
+__all__ = ["PairDeltas", "combine", "combine_all"]

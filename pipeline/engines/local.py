@@ -34,13 +34,21 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.bpe import BaseVocab, Merge
-from pipeline.order import NO_POSITION, heap_entry, pack_pair, pack_pairs, unpack_pair
+from pipeline.order import (
+    NO_POSITION,
+    heap_entry,
+    left_to_right,
+    pack_pair,
+    pack_pairs,
+    unpack_entry,
+    unpack_pair,
+)
 
 SMALL = 12  # pairs with at most this many stored positions are merged in plain Python
 HEAP_START = 4096  # the heap starts with the pairs counted at least as often as this many
 MIN_CAPACITY = 1024  # smallest position buffer and pair arrays
 BIG = 0xFFFF  # w[p] == BIG: the word's count is at least BIG, kept in big_count
-_CHUNK = 1 << 20  # positions per step of the initial passes (bounds their temporaries)
+_CHUNK = 1 << 20  # positions (or words) per step of the initial passes (bounds temporaries)
 
 
 def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
@@ -165,8 +173,8 @@ class FlatMergeState:
         # word counts per position in 2 bytes; the few words counted BIG times or more keep
         # their count aside, found from the position by a binary search over their starts
         a["w"] = alloc.empty("w", np.uint16, n)
-        for s in range(0, len(lengths), 1 << 20):
-            e = min(s + (1 << 20), len(lengths))
+        for s in range(0, len(lengths), _CHUNK):
+            e = min(s + _CHUNK, len(lengths))
             p0 = int(ends[s] - lengths[s])
             p1 = int(ends[e - 1])
             a["w"][p0:p1] = np.repeat(np.minimum(counts[s:e], BIG).astype(np.uint16),
@@ -335,20 +343,16 @@ class FlatMergeState:
         """Give the pairs at sorted positions ``pos`` (all new pairs) ids and store their
         positions; returns (ids, counts, first positions)."""
         keys = pack_pairs(self.tok[pos], self.tok[self.nxt[pos]])
-        order = np.argsort(keys, kind="stable")
-        ks = keys[order]
-        spos = pos[order]
-        if len(ks) == 0:
+        uniq, sums, order, starts = group_sum(keys, self.weights(pos))
+        if len(uniq) == 0:
             z = np.zeros(0, dtype=np.int64)
             return z, z, z
-        starts = np.flatnonzero(first_of_runs(ks))
+        spos = pos[order]
         m = len(starts)
         self._reserve(m, len(spos))
         first_id, base = self.n_ids, self.buf_len
         ids = np.arange(first_id, first_id + m, dtype=np.int64)
         sizes = np.diff(np.append(starts, len(spos)))
-        sums = np.add.reduceat(self.weights(spos), starts)
-        uniq = ks[starts]
         self.buf[base : base + len(spos)] = spos
         self.buf_len = base + len(spos)
         self.lo[first_id : first_id + m] = base + starts
@@ -439,7 +443,7 @@ class FlatMergeState:
         stored = self.buf[lo:hi].astype(np.intp)
         first = stored[pid[stored] == i]  # live occurrences, ascending
         if len(first) > 1 and self.pair_left[i] == self.pair_right[i]:
-            first = _left_to_right(first, nxt)
+            first = left_to_right(first, nxt)
         second = nxt[first].astype(np.intp)
         left = prv[first].astype(np.intp)
         right = nxt[second].astype(np.intp)
@@ -563,17 +567,6 @@ class FlatMergeState:
         return self.tok[live[sel]], lengths[keep], self.weights(starts[keep])
 
 
-def _left_to_right(first: np.ndarray, nxt: np.ndarray) -> np.ndarray:
-    """Occurrences of (a, a) in runs (a a a ...): keep the 1st, 3rd, ... of each run."""
-    overlap = np.zeros(len(first), dtype=bool)
-    overlap[1:] = nxt[first[:-1]] == first[1:]
-    if not overlap.any():
-        return first
-    idx = np.arange(len(first))
-    run_start = np.maximum.accumulate(np.where(overlap, 0, idx))
-    return first[((idx - run_start) & 1) == 0]
-
-
 class LocalTrainer:
     """Exact incremental trainer on one process: the ``local`` engine.
 
@@ -661,7 +654,7 @@ class LocalTrainer:
         return self._record(a, b, count, removed)
 
     def _pop(self) -> None:
-        self.in_heap[heapq.heappop(self.heap)[2]] = False
+        self.in_heap[unpack_entry(heapq.heappop(self.heap))[2]] = False
 
     def best_pair(self, max_token_bytes: int | None = None) -> tuple[int, int] | None:
         """(pair id, count) of the pair the sequential trainer merges next, or None."""
@@ -669,14 +662,14 @@ class LocalTrainer:
         cnt, lefts, rights = state.cnt, state.pair_left, state.pair_right
         tl = self.token_len
         while True:
-            if not heap or -heap[0][0] < self.floor:
+            if not heap or unpack_entry(heap[0])[0] < self.floor:
                 if self._lower_floor():
                     continue
                 if not heap:
                     return None
-            negc, pos, i = heap[0]
+            top, pos, i = unpack_entry(heap[0])
             c = int(cnt[i])
-            if c != -negc:
+            if c != top:
                 if c:
                     heapq.heapreplace(heap, heap_entry(c, pos, i))
                 else:

@@ -161,7 +161,6 @@ class PartitionStore:
     def __init__(self, run: str, part: int, root: str | None = None):
         self.part = part
         self.dir = os.path.join(root or scratch_root(), f"spark-bpe-{run}", f"part-{part:05d}")
-        self._lock_fh = None
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

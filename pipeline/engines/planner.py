@@ -11,8 +11,8 @@ partitions end to end), so a pair's smallest position lies in the lowest partiti
 it. Each round every partition reports, for the pairs whose count changed there, its smallest
 position left; the report of the lowest partition wins. A key only becomes
 inexact when a pair vanishes from the partition that held its smallest position; such a key is
-refreshed (one Spark job for all the entries of its count) only when it reaches the top of the
-heap, where it may decide a tie.
+refreshed only when it reaches the top of the heap, where it may decide a tie: one Spark job
+for the inexact entries of its count up to the first exact one.
 
 A pair is kept only while its count reaches ``min_pair_count``: after the round that creates
 it, a pair only loses occurrences, so one below the floor can never be merged, and leaving it
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from pipeline.engines.deltas import PairDeltas
-from pipeline.order import NO_POSITION, heap_entry, unpack_pair
+from pipeline.order import NO_POSITION, heap_entry, unpack_entry, unpack_pair
 
 Refresh = Callable[[np.ndarray], PairDeltas]
 
@@ -117,11 +117,11 @@ class PairBook:
     def _clean_top(self) -> bool:
         heap, counts, pos = self.heap, self.counts, self.pos
         while heap:
-            negc, p, k = heap[0]
+            top, p, k = unpack_entry(heap[0])
             c = counts.get(k, 0)
             if c == 0:
                 heapq.heappop(heap)
-            elif c != -negc or p != pos[k]:
+            elif c != top or p != pos[k]:
                 heapq.heapreplace(heap, heap_entry(c, pos[k], k))
             elif self._banned(k):
                 heapq.heappop(heap)  # never mergeable; it is not pushed again
@@ -133,17 +133,17 @@ class PairBook:
         """The best pair (key, count) with an exact tie key; stays on top of the heap."""
         heap = self.heap
         while self._clean_top():
-            negc, _, k = heap[0]
+            top, _, k = unpack_entry(heap[0])
             if k not in self.inexact:
-                return k, -negc
+                return k, top
             # entries of this count up to the first exact one may be the winner: refresh them
-            popped = []
-            while self._clean_top() and heap[0][0] == negc:
-                e = heapq.heappop(heap)
-                popped.append(e)
-                if e[2] not in self.inexact:
+            popped: list[int] = []
+            while self._clean_top() and unpack_entry(heap[0])[0] == top:
+                kk = unpack_entry(heapq.heappop(heap))[2]
+                popped.append(kk)
+                if kk not in self.inexact:
                     break
-            need = np.array(sorted(e[2] for e in popped if e[2] in self.inexact), dtype=np.int64)
+            need = np.array(sorted(kk for kk in popped if kk in self.inexact), dtype=np.int64)
             self.refreshes += 1
             rep = refresh(need)
             found = dict(zip(rep.keys.tolist(), rep.min_pos.tolist()))
@@ -152,8 +152,8 @@ class PairBook:
                     raise AssertionError(f"pair {kk} has a count but no occurrence")
                 self.pos[kk] = found[kk]
                 self.inexact.discard(kk)
-            for negc2, _, kk in popped:
-                heapq.heappush(heap, (negc2, self.pos[kk], kk))
+            for kk in popped:  # all counted ``top`` times (_clean_top made them current)
+                heapq.heappush(heap, heap_entry(top, self.pos[kk], kk))
         return None
 
     def _touched_max(self, a: int, b: int, own: int) -> int:
@@ -177,6 +177,8 @@ class PairBook:
         min(c_j, pre-round count of (x, a) / (b, y)) times. So the next candidate (best-first,
         exact tie keys) is exactly the sequential trainer's next merge when it is not one of
         the changed pairs and its count is strictly above every such bound.
+
+        (Appends each accepted merge's token length to ``token_len``, the caller's list.)
         """
         batch: list[tuple[int, int, int]] = []
         bound = -1  # largest count a pair created by the accepted merges can have

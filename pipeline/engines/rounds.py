@@ -17,7 +17,13 @@ import numpy as np
 from pipeline.bpe import Merge
 from pipeline.engines.deltas import PairDeltas, combine_all
 from pipeline.engines.local import FlatMergeState
-from pipeline.engines.partition import Batch, apply_batch, current_pairs, min_positions
+from pipeline.engines.partition import (
+    Batch,
+    apply_batch,
+    catch_up,
+    current_pairs,
+    min_positions,
+)
 from pipeline.engines.planner import PairBook
 
 log = logging.getLogger(__name__)
@@ -52,8 +58,8 @@ class InProcessPartitions:
             if len(lengths) == 0:
                 continue
             st = FlatMergeState.build(flat, lengths, counts, base_size)
-            for a, b in replay or []:
-                st.apply_merge(a, b, st.base_size + st.n_segments - 1)
+            history = np.array(replay or [], dtype=np.int64).reshape(-1, 2)
+            catch_up(st, history, 0, len(history))
             self.states.append(st)
             self.offsets.append(at)
             at += st.n

@@ -31,7 +31,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline.bpe import BaseVocab
-from pipeline.engines.deltas import PairDeltas, combine
+from pipeline.count.word_table import arrow_ipc
+from pipeline.engines.deltas import PairDeltas, combine, combine_entry
 from pipeline.engines.local import initial_symbols
 from pipeline.engines.partition import (
     Batch,
@@ -59,11 +60,7 @@ def _chunk_partition(batches: Iterator[pa.RecordBatch], chunk_bytes: int
     size = 0
 
     def flush() -> pa.RecordBatch:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rows[0].schema) as writer:
-            for b in rows:
-                writer.write_batch(b)
-        return pa.RecordBatch.from_pydict({"blob": pa.array([sink.getvalue().to_pybytes()],
+        return pa.RecordBatch.from_pydict({"blob": pa.array([arrow_ipc(rows, rows[0].schema)],
                                                             pa.binary())})
 
     for batch in batches:
@@ -214,11 +211,10 @@ class SparkPartitions:
             yield from zip(r.keys.tolist(), zip(r.deltas.tolist(), r.part.tolist(),
                                                 r.min_pos.tolist()))
 
-        def add(x, y):  # counts add up; the lowest partition's smallest position wins
-            return (x[0] + y[0], *min(x[1:], y[1:]))
+        def by_pair():  # self.holders: the rebuilt ones after a loss
+            return self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(combine_entry)
 
-        rows = self._rebuilding(
-            lambda: gather(self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(add)))
+        rows = self._rebuilding(lambda: gather(by_pair()))
         tokens = sum(v[0] for k, v in rows if k < 0)
         rows = sorted((k, v) for k, v in rows if k >= 0)
         keys = np.array([k for k, _ in rows], dtype=np.int64)
