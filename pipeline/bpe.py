@@ -66,7 +66,9 @@ def initial_words(
 
     ``bytes``: ids are the byte values 0..255. ``chars``: one symbol per character, ids given in
     order of first appearance (words are in first-seen order, so this is deterministic), and the
-    end-of-word suffix, if any, is one more symbol appended to every word.
+    end-of-word suffix, if any, is one more symbol, the last, appended to every word (as the
+    Spark count's ``chars`` vocabulary in ``train.py``); the symbols are
+    :meth:`BaseVocab.symbols`'.
     """
     if alphabet == "bytes":
         if end_of_word_suffix:
@@ -74,25 +76,13 @@ def initial_words(
         return [list(w) for w in words], bytes_vocab()
     if alphabet != "chars":
         raise ValueError(f"alphabet must be one of {ALPHABETS}, not {alphabet!r}")
-    ids: dict[str, int] = {}
-    out: list[list[int]] = []
-    suffix_id = -1
-    for w in words:
-        seq = []
-        for ch in w.decode("utf-8", "surrogateescape"):
-            i = ids.get(ch)
-            if i is None:
-                i = ids[ch] = len(ids)
-            seq.append(i)
-        if end_of_word_suffix:
-            if suffix_id < 0:
-                suffix_id = ids[end_of_word_suffix] = len(ids)
-            seq.append(suffix_id)
-        out.append(seq)
-    tokens = [
-        ch.encode("utf-8", "surrogateescape") for ch in ids
-    ]
-    return out, BaseVocab("chars", tokens, end_of_word_suffix)
+    texts = [w.decode("utf-8", "surrogateescape") for w in words]
+    chars = dict.fromkeys(ch for t in texts for ch in t)  # in order of first appearance
+    tokens = [ch.encode("utf-8", "surrogateescape") for ch in chars]
+    if end_of_word_suffix:
+        tokens.append(end_of_word_suffix.encode())
+    base = BaseVocab("chars", tokens, end_of_word_suffix)
+    return [list(base.symbols(t)) for t in texts], base
 
 
 def count_pairs(

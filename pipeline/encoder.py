@@ -26,6 +26,7 @@ is an :class:`EncodeError` naming the id and the vocabulary size.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import heapq
 import json
 from collections.abc import Collection, Iterable, Sequence
@@ -324,6 +325,10 @@ class Tokenizer:
             self.pair_ranks.setdefault((canon[m.left], canon[m.right]),
                                        (m.new_id, canon[m.new_id]))
         self.pair_table = PairTable(self.pair_ranks)  # numpy form, for very long words
+        # the text of each token: the end-of-word suffix symbol adds none (the same
+        # characters typed in the text stay)
+        self.text_vocab = self.vocab if not base.end_of_word_suffix else vocab_bytes(
+            dataclasses.replace(base, tokens=[*base.tokens[:-1], b""]), merges)
         n = len(self.vocab)
         self.special_tokens = list(special_tokens)
         self.special_ids = {s: n + i for i, s in enumerate(special_tokens)}
@@ -473,7 +478,4 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
         """Text of a token sequence. ``errors`` as in ``bytes.decode``: a sequence cut in the
         middle of a character gives U+FFFD with the default ``"replace"``."""
-        data = self.decode_bytes(ids)
-        if self.base.end_of_word_suffix:
-            data = data.replace(self.base.end_of_word_suffix.encode(), b"")
-        return data.decode("utf-8", errors)
+        return self._join(ids, self.text_vocab).decode("utf-8", errors)

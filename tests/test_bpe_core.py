@@ -173,3 +173,11 @@ def test_the_pure_modules_import_without_pyspark():
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "check_imports_without_pyspark.py")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_chars_suffix_is_the_last_symbol_and_distinct_from_text():
+    # the suffix "_" also occurs in the text: it stays its own symbol, after every character
+    ids, base = initial_words([b"a_b", b"ca"], alphabet="chars", end_of_word_suffix="_")
+    assert base.tokens == [b"a", b"_", b"b", b"c", b"_"]
+    assert ids == [[0, 1, 2, 4], [3, 0, 4]]
+    assert [list(base.symbols(w)) for w in ("a_b", "ca")] == ids
