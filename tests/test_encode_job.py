@@ -3,6 +3,7 @@ reference encoder's, statistics are recomputed independently, bad input is one l
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -171,7 +172,11 @@ def test_binary_text_column_keeps_invalid_utf8_exact(spark, run_dir, tmp_path):
     table = read_output(out).sort_by("k")
     assert table.column_names == ["k", "tokens"]
     ref = Tokenizer.load(str(run_dir))
-    assert [ref.decode_bytes(ids) for ids in table.column("tokens").to_pylist()] == rows
+    got = table.column("tokens").to_pylist()
+    assert [ref.decode_bytes(ids) for ids in got] == rows
+    # and the ids are the oracle's on each row's bytes (invalid ones as surrogate escapes)
+    oracle = oracle_encoder(run_dir)
+    assert got == [oracle(r.decode("utf-8", "surrogateescape")) for r in rows]
     assert res.stats["stats"]["invalid_utf8_rows"] == 1
 
 
@@ -190,6 +195,19 @@ def test_chars_alphabet_run_encodes_with_the_reference(spark, tmp_path):
     ids = read_output(tmp_path / "o2").sort_by("row").column("ids").to_pylist()
     assert ids == [ref.encode("the baker bakes"), ref.encode("cakes")]
     assert ref.decode(ids[0]) == "the baker bakes"
+    # the reference encoder against the oracle's encode (split, character ids, merge ranks)
+    import regex
+
+    from pipeline.bpe import encode_symbols
+
+    meta = json.loads((tmp_path / "run" / "tokenizer_meta.json").read_text())
+    chars = {base64.b64decode(t).decode(): i for i, t in enumerate(meta["base_tokens"])}
+    n = len(chars)
+    ranks = {(a, b): n + i for i, (a, b, _) in enumerate(meta["merges"])}
+    assert ids == [[t for w in regex.findall(r" ?\w+|[^\w\s]", text)
+                    for t in encode_symbols([chars[c] for c in w], ranks)]
+                   for text in ("the baker bakes", "cakes")]
+    assert len(ids[0]) < len("the baker bakes")
     # a character the run never saw: the tokenizer is what cannot encode it
     (tmp_path / "unseen").mkdir()
     pq.write_table(pa.table({"text": ["the Σ baker"]}), tmp_path / "unseen" / "a.parquet")

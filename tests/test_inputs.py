@@ -284,6 +284,24 @@ def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
         import_word_table(None, Config(), str(tmp_path / "run"), str(tmp_path / "out" / "words"))
 
 
+def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tmp_path):
+    """README: a word listed twice has its counts summed; first_seen (given, or the row order
+    without it) becomes a dense rank; a word keeps its earliest position."""
+    from pipeline.count.external import canonical, read_parquet, read_tsv
+
+    (tmp_path / "t.tsv").write_text("the\t3\nof\t1\nthe\t4\nand\t2\n")
+    got = canonical(read_tsv(str(tmp_path / "t.tsv")))
+    assert got.to_pylist() == [{"word": b"the", "count": 7, "first_seen": 0},
+                               {"word": b"of", "count": 1, "first_seen": 1},
+                               {"word": b"and", "count": 2, "first_seen": 2}]
+    pq.write_table(pa.table({"word": ["of", "the", "of", "x"], "count": [1, 2, 5, 1],
+                             "first_seen": [40, 7, 3, 9]}), tmp_path / "t.parquet")
+    got = canonical(read_parquet(None, str(tmp_path / "t.parquet")))
+    assert got.to_pylist() == [{"word": b"of", "count": 6, "first_seen": 0},
+                               {"word": b"the", "count": 2, "first_seen": 1},
+                               {"word": b"x", "count": 1, "first_seen": 2}]
+
+
 def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     """pipeline.api with a path, a DataFrame and a word table: the same merges as the job;
     encode with a path, a list of paths and a DataFrame: the same ids."""
