@@ -63,6 +63,7 @@ from pipeline.pretokenize import (
     cut_specials,
     decode_row,
     special_token_pattern,
+    text_values,
 )
 from pipeline.progress import Progress
 from pipeline.spark_session import PerTask, TaskCounts, job_group, read_progress
@@ -333,8 +334,7 @@ def encode_batch(enc: BatchEncoder, batch: pa.RecordBatch, stats: dict[str, floa
     """Column 0 of ``batch`` is the text, the others its key: the token ids of each row as a
     list<int32> array (``ids_type``); ``stats`` is updated."""
     col = batch.column(0)
-    texts = col.to_pylist()
-    binary = pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
+    texts = text_values(col)
     t0 = time.perf_counter()
     ids_lists: list[list[int]] = []
     words = specials = invalid = via_ref = errors = 0
@@ -342,10 +342,8 @@ def encode_batch(enc: BatchEncoder, batch: pa.RecordBatch, stats: dict[str, floa
         if value is None:
             ids_lists.append([])
             continue
-        valid = True
-        if binary:
-            value, valid = decode_row(value)
-            invalid += not valid
+        value, valid = decode_row(value)
+        invalid += not valid
         try:
             ids, n_special = enc.encode(value, valid)
         except EncodeError as exc:

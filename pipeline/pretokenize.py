@@ -243,6 +243,18 @@ def _fast_findall(full: Callable[[str], list[str]], fast: Callable[[str], list[s
     return findall
 
 
+def text_values(column) -> list[str | bytes | None]:
+    """The values of a text column (a pyarrow array): str, or bytes for a binary column; a
+    string column that holds invalid UTF-8 (written by a tool that did not check it) gives
+    its values as bytes, which :func:`decode_row` keeps byte-exact, instead of failing."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        import pyarrow as pa
+
+        return column.cast(pa.binary()).to_pylist()
+
+
 def decode_row(value: str | bytes) -> tuple[str, bool]:
     """Text of a row; binary values that are not valid UTF-8 are kept byte-exact via
     surrogateescape. Returns (text, was_valid_utf8)."""

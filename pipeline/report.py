@@ -33,7 +33,7 @@ from pipeline.bpe import BaseVocab, Merge
 from pipeline.encoder import PairTable, Tokenizer, bpe_encode
 from pipeline.engines.local import initial_symbols
 from pipeline.outputs import TrainedTokenizer, export_notes
-from pipeline.pretokenize import Pretokenizer, decode_row, word_bytes
+from pipeline.pretokenize import Pretokenizer, decode_row, text_values, word_bytes
 
 log = logging.getLogger(__name__)
 
@@ -594,7 +594,7 @@ def _first_rows(path: str, column: str, n: int) -> list:
 
     rows: list = []
     for batch in pq.ParquetFile(path).iter_batches(batch_size=max(n, 1), columns=[column]):
-        rows += batch.column(0).to_pylist()[: n - len(rows)]
+        rows += text_values(batch.column(0))[: n - len(rows)]
         if len(rows) >= n:
             break
     return rows

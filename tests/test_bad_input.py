@@ -124,6 +124,86 @@ def test_a_truncated_shard_next_to_a_good_one(spark, tmp_path):
 
 
 @pytest.mark.spark
+def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_path):
+    """The input Spark lists (nested lang=xx folders, a glob) is read by pyarrow too: a
+    truncated shard there is one line naming it, or skipped with ignore_corrupt_files; a
+    shard whose text column is not text is named; an empty or unreadable folder is one line
+    before any Spark work."""
+    rows = normal_rows()
+    nested = tmp_path / "nested"
+    for lang in ("en", "fr"):
+        (nested / f"lang={lang}").mkdir(parents=True)
+        pq.write_table(pa.table({"text": rows}), nested / f"lang={lang}" / "part-0.parquet")
+    bad = nested / "lang=fr" / "part-0.parquet"
+    bad.write_bytes(bad.read_bytes()[:200])
+    for source in (nested, f"{nested}/*/*.parquet"):
+        cfg = Config(input=str(source), output=str(tmp_path / "run"), vocab_size=300,
+                     progress_bar=False)
+        with pytest.raises(ConfigError, match=r"lang=fr/part-0\.parquet is not a readable "
+                                              r"Parquet file \(.*magic bytes"):
+            train(spark, cfg)
+    cfg.ignore_corrupt_files = True
+    train(spark, cfg)
+    stats = json.loads((tmp_path / "run" / "stats.json").read_text())
+    assert [f.rsplit("/", 2)[1] for f in stats["left_out_of_training"]["unreadable_files"]] \
+        == ["lang=fr"]
+    assert json.loads((tmp_path / "run" / "words" / "stats.json").read_text())["rows"] \
+        == len(rows)
+    # a shard whose text column holds numbers, next to a good one (Spark lists them: nested)
+    mixed = tmp_path / "mixed"
+    (mixed / "lang=en").mkdir(parents=True)
+    pq.write_table(pa.table({"text": rows}), mixed / "lang=en" / "part-0.parquet")
+    pq.write_table(pa.table({"text": list(range(5))}), mixed / "lang=en" / "part-1.parquet")
+    with pytest.raises(ConfigError, match=r"column 'text' is int64 in \S*lang=en/part-1\.parquet, "
+                                          r"not string or binary"):
+        train(spark, Config(input=str(mixed), output=str(tmp_path / "r2"), vocab_size=300,
+                            progress_bar=False))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"no Parquet files under \S*empty \(an empty "):
+        train(spark, Config(input=str(tmp_path / "empty"), output=str(tmp_path / "r3"),
+                            vocab_size=300, progress_bar=False))
+
+
+def test_an_unreadable_input_folder_is_a_config_error(tmp_path, monkeypatch):
+    from pipeline.count import corpus
+
+    (tmp_path / "locked").mkdir()
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(corpus.os, "scandir", denied)  # (chmod 000 does not stop root)
+    with pytest.raises(ConfigError, match=r"^config key 'input': cannot read \S*locked: "
+                                          r"permission denied"):
+        corpus.list_local_corpus(str(tmp_path / "locked"), "text")
+
+
+@pytest.mark.spark
+def test_invalid_utf8_in_a_string_column_is_kept_byte_exact(spark, tmp_path):
+    """A Parquet string column written without UTF-8 checks (lone surrogates, stray bytes):
+    counted, trained and encoded like a binary column's bytes, not a crash."""
+    from pipeline.encode_corpus import encode_corpus
+
+    bad = [b"\xed\xa0\x80 lone surrogate", b"bad \xff\xfe utf8 \xc3"]
+    values = [r.encode() for r in normal_rows()] + bad
+    offsets = pa.array([0, *__import__("itertools").accumulate(map(len, values))], pa.int32())
+    column = pa.Array.from_buffers(pa.string(), len(values),
+                                   [None, offsets.buffers()[1], pa.py_buffer(b"".join(values))])
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": column}), tmp_path / "in" / "part-0.parquet")
+    run = tmp_path / "run"
+    train(spark, Config(input=str(tmp_path / "in"), output=str(run), vocab_size=300,
+                        progress_bar=False))
+    assert json.loads((run / "words" / "stats.json").read_text())["invalid_utf8_rows"] == 2
+    res = encode_corpus(spark, Config(input=str(tmp_path / "in"), tokenizer=str(run),
+                                      output=str(tmp_path / "enc")))
+    assert res.stats["stats"]["invalid_utf8_rows"] == 2
+    ids = pq.read_table(tmp_path / "enc").sort_by("row").column("ids").to_pylist()
+    tok = Tokenizer.load(str(run))
+    assert [tok.decode_bytes(i) for i in ids] == values
+
+
+@pytest.mark.spark
 @pytest.mark.slow
 def test_bad_rows_end_a_real_job_within_a_minute(tmp_path, procs):
     """All of them, and 4 MB of base64, among normal rows under spark-submit (each one alone

@@ -78,15 +78,22 @@ def list_local_corpus(path: str, text_column: str,
     if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
         return None
     local = os.path.abspath(fsutil.local_path(path))
-    if os.path.isfile(local):
-        candidates = [local]
-    elif os.path.isdir(local):
-        entries = [e for e in os.scandir(local) if not e.name.startswith(("_", "."))]
-        if not entries or not all(e.is_file() for e in entries):
+    try:
+        if os.path.isfile(local):
+            candidates = [local]
+        elif os.path.isdir(local):
+            entries = [e for e in os.scandir(local) if not e.name.startswith(("_", "."))]
+            if not entries:
+                raise ConfigError(f"config key 'input': no Parquet files under {path} (an "
+                                  "empty directory)")
+            if not all(e.is_file() for e in entries):
+                return None
+            candidates = [e.path for e in entries]
+        else:
             return None
-        candidates = [e.path for e in entries]
-    else:
-        return None
+    except PermissionError as exc:
+        raise ConfigError(f"config key 'input': cannot read {path}: permission denied "
+                          f"({exc.strerror or exc})") from None
     read: dict[str, pq.FileMetaData] = {}
     for f in candidates:
         try:
@@ -127,18 +134,32 @@ class ReadSlice:
 
 
 def plan_slices(files: list[str], text_column: str, tasks: int,
-                footers: dict[str, pq.FileMetaData] | None = None
-                ) -> list[list[ReadSlice]] | None:
+                footers: dict[str, pq.FileMetaData] | None = None,
+                skipped: list[str] | None = None) -> list[list[ReadSlice]] | None:
     """Row groups of local ``files`` dealt to ``tasks`` tasks of about equal size (largest
     first, each to the least loaded task), each task's slices in corpus order. None when a file
     lacks ``text_column`` as a top-level column (Spark's reader then handles it, e.g. with
-    nulls for files that miss the column). ``footers``: metadata already read, by file."""
+    nulls for files that miss the column). ``footers``: metadata already read, by file. A file
+    whose footer cannot be read, or whose column is not text, is an error naming it; with
+    ``skipped`` given (``ignore_corrupt_files``) an unreadable one is left out and added."""
     slices: list[ReadSlice] = []
     for fidx, f in enumerate(files):
         path = fsutil.local_path(f)
-        meta = (footers or {}).get(f) or pq.ParquetFile(path).metadata
-        if text_column not in meta.schema.to_arrow_schema().names:
+        meta = (footers or {}).get(f)
+        try:
+            meta = meta or pq.ParquetFile(path).metadata
+            schema = meta.schema.to_arrow_schema()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+            if skipped is None:
+                raise corrupt_file_error(f, first_line(exc)) from None
+            skipped.append(f)
+            continue
+        i = schema.get_field_index(text_column)
+        if i < 0:
             return None
+        if not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
+            raise ConfigError(f"config key 'text_column': column {text_column!r} is "
+                              f"{schema.field(i).type} in {f}, not string or binary")
         first = 0
         for rg in range(meta.num_row_groups):
             group = meta.row_group(rg)
@@ -348,8 +369,8 @@ def check_text_column(df: DataFrame, text_column: str, name: str) -> None:
 
 
 def arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
-                footers: dict[str, pq.FileMetaData] | None = None
-                ) -> list[list[ReadSlice]] | None:
+                footers: dict[str, pq.FileMetaData] | None = None,
+                skipped: list[str] | None = None) -> list[list[ReadSlice]] | None:
     """The tasks of the Arrow reader, or None to let Spark's Parquet scan feed the tasks.
 
     ``count_reader = auto`` reads local files with pyarrow inside the tasks: the JVM then only
@@ -364,7 +385,7 @@ def arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
                               f"{cfg.input} is not local: use 'auto' or 'spark'")
         return None
     tasks = cfg.num_partitions or 2 * spark.sparkContext.defaultParallelism
-    plan = plan_slices(files, cfg.text_column, tasks, footers)
+    plan = plan_slices(files, cfg.text_column, tasks, footers, skipped)
     if plan is None and cfg.count_reader == "arrow":
         raise ConfigError(f"config key 'count_reader' = 'arrow': some files under {cfg.input} "
                           f"have no top-level column {cfg.text_column!r}; use 'spark'")

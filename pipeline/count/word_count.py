@@ -79,6 +79,7 @@ from pipeline.pretokenize import (
     PretokenizerSpec,
     RowStats,
     WordCounter,
+    text_values,
 )
 from pipeline.progress import Progress
 from pipeline.spark_session import (
@@ -112,7 +113,7 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
         report = counts.reporter(TaskContext.get().partitionId())
         rows_read = bytes_read = 0
         for batch in batches:
-            texts = batch.column(0).to_pylist()
+            texts = text_values(batch.column(0))
             sources = batch.column(1).to_pylist()
             paths = batch.column(2)
             blocks = batch.column(3).to_pylist()
@@ -176,7 +177,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
             for batch in parquet.iter_batches(batch_size=4096, row_groups=list(s.row_groups),
                                               columns=[text_column], use_threads=False):
                 before = wc.stats.bytes
-                for text in batch.column(0).to_pylist():
+                for text in text_values(batch.column(0)):
                     add(row, text)
                     row += 1
                 rows_read += batch.num_rows
@@ -697,11 +698,12 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
         warming = _warm_workers(spark, spec)
         try:
             corpus = read_sources(spark, cfg, frame)
+            if frame is None and cfg.input_format == "parquet" and not cfg.input_table:
+                # listed by Spark (a glob, nested directories), read by pyarrow
+                plan = arrow_plan(spark, cfg, corpus.files, skipped=skipped)
         except BaseException:  # (a missing column, say) let the warm-up job end first: Spark
             warming.join(60)  # stopped under it logs errors after the job's error line
             raise
-        if frame is None and cfg.input_format == "parquet" and not cfg.input_table:
-            plan = arrow_plan(spark, cfg, corpus.files)  # listed by Spark, read by pyarrow
     assert corpus is not None
     try:
         fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
