@@ -117,6 +117,7 @@ class Terminated(KeyboardInterrupt):
 
 _terminating = threading.Event()  # SIGTERM seen (here, or by the JVM that runs us)
 _unwound = threading.Event()  # the job has said its last line
+_from_jvm = threading.Event()  # the signal reached the JVM (SIGTERM or SIGINT: it cannot tell)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -134,6 +135,7 @@ def on_jvm_shutdown() -> None:
     gets out through the JVM, the lease is released and no orphan keeps running."""
     if _unwound.is_set():
         return
+    _from_jvm.set()
     _terminating.set()
     signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # wakes a sleep too
     _unwound.wait(JVM_HOLD_SECONDS)
@@ -169,6 +171,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         previous = None
     _terminating.clear()
     _unwound.clear()
+    _from_jvm.clear()
     if previous is not None:
         spark_session.on_jvm_shutdown = on_jvm_shutdown
     try:
@@ -197,7 +200,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
     except Terminated:
         return _terminated(job)
     except KeyboardInterrupt:
-        print(f"error: {job} interrupted; rerun the same command to resume", file=sys.stderr)
+        print(f"error: {job} interrupted; {_rerun(job)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except MemoryError:
         faults.lift()
@@ -214,10 +217,11 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         faults.lift()
         log.error("%s job could not write", job, exc_info=True)
         sys.stderr.flush()
+        kept = ("what was written before (the word table, the checkpoints) is intact: "
+                if job == "train" else "")
         print(f"error: {job} could not write {exc.filename or 'a file'} in stage "
-              f"'{current_stage()}': {exc.strerror}; what was written before (the word table, "
-              "the checkpoints) is intact: make room or fix the permissions, then rerun the "
-              "same command to resume", file=sys.stderr)
+              f"'{current_stage()}': {exc.strerror}; {kept}make room or fix the permissions, "
+              f"then {_rerun(job)}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:
         if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM
@@ -232,9 +236,17 @@ def _terminated_under(job: str, exc: BaseException) -> int:
 
 
 def _terminated(job: str) -> int:
-    print(f"error: {job} terminated (SIGTERM); rerun the same command to resume",
-          file=sys.stderr)
+    """(spark-submit's exit code says which signal it got: 143 SIGTERM, 130 SIGINT.)"""
+    which = "SIGTERM or SIGINT to spark-submit" if _from_jvm.is_set() else "SIGTERM"
+    print(f"error: {job} terminated ({which}); {_rerun(job)}", file=sys.stderr)
     return EXIT_TERMINATED
+
+
+def _rerun(job: str) -> str:
+    """What to do after an interruption: train resumes from its checkpoint; a count or an
+    encode starts over (nothing of it was published)."""
+    return ("rerun the same command to resume" if job == "train"
+            else f"rerun the same command (the {job} starts over)")
 
 
 def _failed(job: str, exc: BaseException) -> int:

@@ -116,7 +116,8 @@ class Config:
     lease_timeout_seconds: float = opt(120.0, "one run per run directory: a lease not renewed "
                                               "this long is taken over", (TRAIN,))
     # -- runtime ---------------------------------------------------------------------------------
-    master: str = opt("", "Spark master when not given by spark-submit (else local[*])")
+    master: str = opt("", "Spark master for this job, over spark-submit's --master (default: "
+                          "spark-submit's, else local[*]); other spark-submit settings stay")
     shuffle_partitions: int = opt(0, "spark.sql.shuffle.partitions (a value here wins; 0 = "
                                      "spark-submit's, else 2 x default parallelism)")
     log_level: str = opt("INFO", "our log level (Spark's own log is configured by Spark)",
@@ -352,6 +353,7 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
     settings: it must name its own output (the default one is the sample run's) and vocabulary
     size."""
     args = build_parser(description, job).parse_args(argv)
+    _refuse_repeated_flags(sys.argv[1:] if argv is None else argv)
     files = [(path, load_toml(path)) for path in args.config]
     cli = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     explicit = set(cli).union(*({k.replace("-", "_") for k in values} for _, values in files))
@@ -367,6 +369,24 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
                           + (" (the default output directory is the sample run's)"
                              if job == TRAIN else ""))
     return cfg
+
+
+def _refuse_repeated_flags(argv: list[str]) -> None:
+    """A flag given twice would silently keep its last value (``--input a --input b`` trains
+    on b only): refused, except ``--config``, which layers files."""
+    seen: set[str] = set()
+    for token in argv:
+        if token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if not name.startswith("--") or name == "--config":
+            continue
+        base = "--" + name[5:] if name.startswith("--no-") else name
+        if base in seen:
+            hint = (" (several sources: one comma-separated --input a,b)"
+                    if base == "--input" else "")
+            raise ConfigError(f"{base} is given more than once{hint}; give it once")
+        seen.add(base)
 
 
 def job_keys(job: str) -> set[str]:
@@ -388,12 +408,12 @@ def _split_glob(path: str) -> tuple[str, str]:
 
 
 def _comparable(path: str) -> str:
-    """A path spelled so that two spellings of one place compare equal: local paths absolute
-    and normalized, URIs without a trailing slash; a glob is cut to the directory it starts in
-    (``corpus/*.parquet`` -> ``corpus``)."""
+    """A path spelled so that two spellings of one place compare equal: local paths absolute,
+    normalized and with symlinks resolved, URIs without a trailing slash; a glob is cut to the
+    directory it starts in (``corpus/*.parquet`` -> ``corpus``)."""
     path = _split_glob(path)[0]
     if is_local(path):
-        return os.path.abspath(local_path(path) or ".")
+        return os.path.realpath(local_path(path) or ".")
     return path.rstrip("/")
 
 

@@ -458,6 +458,8 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
     check, read, encode into a staging directory, then publish it with ``_encode.json``."""
     t0 = time.time()
     with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "encode job") as lease:
+        for path in fsutil.remove_stale_temps(spark, cfg.output):
+            log.info("removed %s, left by an interrupted encode", path)
         check_encode_config(cfg, spark, frame=frame is not None)  # the output as it is now
         plan = load_plan(spark, cfg)
         src, keys = _source(spark, cfg, frame)

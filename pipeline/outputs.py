@@ -39,6 +39,7 @@ import regex
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
+from pipeline.config import ConfigError
 from pipeline.pretokenize import PATTERNS, PretokenizerSpec, resolve_pattern
 
 TOKENIZER_META_FORMAT = "spark-bpe tokenizer"  # tokenizer_meta.json, what encoder.py reads
@@ -437,6 +438,33 @@ RUN_FORMAT = "spark-bpe run"
 RUN_VERSION = 1
 _CHECKED_FILES = ("merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
                   "tiktoken.json", "tokenizer_meta.json")
+
+
+# everything a run directory holds (and their staging siblings, ``name.tmp-*``), besides
+# hidden names (its lease)
+RUN_ENTRIES = ("run.json", "merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
+               "tiktoken.json", "tokenizer_meta.json", "trace.tsv", "report.html", "stats.json",
+               "config.json", "progress.jsonl", "words", "checkpoints")
+
+
+def check_run_place(spark, output: str, also: tuple[str, ...] = ()) -> None:
+    """Refuse to train into ``output`` when it holds anything a run does not (a word table, a
+    corpus, someone's files): its files would be replaced or mixed with the run's. ``also``:
+    more names of the run (a checkpoint directory configured inside it)."""
+    names = fsutil.list_dir(spark, output)
+    if names is None:
+        if fsutil.exists(spark, output):
+            raise ConfigError(f"config key 'output': {output} is a file, not a directory")
+        return
+    ours = (*RUN_ENTRIES, *also)
+    other = sorted(n for n in names if not n.startswith(("_", "."))
+                   and n not in ours and not n.startswith(tuple(f"{e}.tmp-" for e in ours))
+                   and not n.startswith(tuple(f"{e}.old-" for e in ours)))
+    if other:
+        raise ConfigError(
+            f"config key 'output': {output} exists and is not a run directory (it holds "
+            f"{', '.join(other[:3])}{', ...' if len(other) > 3 else ''}): refusing to write a "
+            "run into it; remove it or choose another --output")
 
 
 class IncompleteRun(ValueError):

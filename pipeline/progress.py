@@ -119,6 +119,7 @@ class Stage:
         self.fields: dict = {}
         self.last_beat = self.t0
         self.lock = threading.Lock()
+        self.closed = False  # ended or failed: no heartbeat may follow its last event
 
     def update(self, done: float | None = None, force: bool = False, **fields) -> None:
         with self.lock:
@@ -171,7 +172,10 @@ class Stage:
             when = f"{_fmt_seconds(elapsed)} elapsed" + (
                 f", ETA {_fmt_seconds(rec['eta'])}" if "eta" in rec else "")
             text = f"{self.name}: {detail}{', ' if detail else ''}{when}"
-        self.progress.emit(rec, text)
+        with self.lock:  # (a heartbeat of the ticker that lost the race to the end is dropped)
+            if event == "beat" and self.closed:
+                return
+            self.progress.emit(rec, text)
 
 
 class Progress:
@@ -188,8 +192,9 @@ class Progress:
         if jsonl:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
-                with open(jsonl, "w", encoding="utf-8"):
-                    pass  # a new run starts a new file
+                with open(jsonl, "a", encoding="utf-8"):
+                    pass  # each attempt appends: a rerun that finds nothing to do keeps the
+                    # record of the run that did the work
             except OSError as exc:
                 log.warning("cannot write %s (%s); heartbeats go to the log only", jsonl,
                             exc.strerror)
@@ -241,13 +246,16 @@ class Progress:
             yield st
         except BaseException as exc:  # the stage stays current: error messages name it
             stop.set()
-            st.fields["error"] = type(exc).__name__
+            with st.lock:
+                st.closed = True
+                st.fields["error"] = type(exc).__name__
             with contextlib.suppress(Exception):
                 st.beat("error")
             raise
         else:
             stop.set()
             ticker.join()
+            st.closed = True
             st.beat("end")
             _current_stage = previous
         finally:

@@ -100,7 +100,8 @@ _DEFAULT_APP_NAMES = {"train.py", "count_words.py", "encode.py", "pyspark-shell"
 
 def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None,
                   deferred: bool = False) -> SparkSession:
-    """A session for a job. ``cfg.master`` wins; else spark-submit's master; else local[*].
+    """A session for a job. ``cfg.master`` (the job's own ``--master``) wins over
+    spark-submit's master; else spark-submit's; else local[*]. It changes only the master.
 
     Spark's settings are the user's: an option is set here only where spark-submit (``--conf``,
     ``--name``, ``spark-defaults.conf``) left it unset, and the log level is never touched
@@ -108,7 +109,7 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     the user's own log4j config decide). What is set where unset: the application name, the
     web UI (``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local modes,
     where it costs about 1.5 s per job), Spark's console progress bar off when stderr is not
-    a terminal, Arrow for PySpark, the driver's address from
+    a terminal or ours is drawn there, Arrow for PySpark, the driver's address from
     ``SPARK_LOCAL_IP`` (tests, CI, the quick start bind to loopback) and the SQL shuffle
     partitions (``cfg.shuffle_partitions``, explicit, always wins).
 
@@ -117,7 +118,7 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     """
     # local modes: Python workers use this interpreter (the one with our dependencies)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    submitted = {} if cfg.master else _submit_conf()  # (asking starts the JVM: only if needed)
+    submitted = _submit_conf()  # (the master aside, a job's --master keeps them all)
     options: dict[str, str] = {}
 
     def default(key: str, value: str) -> None:
@@ -135,8 +136,9 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     default("spark.app.name", app_name)
     default("spark.ui.enabled", str(web_ui_enabled(cfg.spark_ui, master)).lower())
     default("spark.sql.execution.arrow.pyspark.enabled", "true")
-    if not sys.stderr.isatty():  # Spark's \r bar (on for a plain `python jobs/...`, a "shell"
-        default("spark.ui.showConsoleProgress", "false")  # to Spark) would garble a log file
+    if not sys.stderr.isatty() or cfg.progress_bar:  # Spark's \r bar (on for a plain `python
+        # jobs/...`, a "shell" to Spark) would garble a log file, or fight ours on a terminal
+        default("spark.ui.showConsoleProgress", "false")
     local_ip = os.environ.get("SPARK_LOCAL_IP")
     if local_ip:
         default("spark.driver.host", local_ip)
@@ -356,7 +358,7 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
     def poll() -> dict:
         t = tasks()
         rows, nbytes = counts.totals()
-        out: dict = {"tasks": f"{t['done']}/{t['total']}" if "total" in t else t["done"],
+        out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}",
                      "running": t["running"], "rows": rows, "bytes_read": nbytes,
                      "bytes_per_s": int(nbytes / max(time.time() - t0, 1e-3))}
         if counts.total_rows:

@@ -63,6 +63,7 @@ from pipeline.outputs import (
     IncompleteRun,
     TrainedTokenizer,
     check_run,
+    check_run_place,
     write_exports,
     write_run_json,
     write_trace,
@@ -563,6 +564,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     background; others may never create it. ``frame``: train on this DataFrame's
     ``text_column`` instead of ``cfg.input`` (``pipeline.api``)."""
     t_start = time.time()
+    inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
+    check_run_place(spark, cfg.output, (inside.split("/")[0],) if inside else ())
     with contextlib.ExitStack() as stack:
         leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
                   for d in _leased_dirs(cfg)]

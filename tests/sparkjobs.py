@@ -156,7 +156,8 @@ def submit(args: list[str], log_dir: Path, name: str, master: str = "local[2]",
     cmd: list[str] = [str(SPARK_SUBMIT), "--master", master]
     for k, v in {**QUIET_CONF, **(conf or {})}.items():
         cmd += ["--conf", f"{k}={v}"]
-    cmd += [*(submit_args or []), str(TRAIN), "--no-progress-bar", *args]
+    bar = [] if "--progress-bar" in args else ["--no-progress-bar"]  # (a flag goes once)
+    cmd += [*(submit_args or []), str(TRAIN), *bar, *args]
     return ProcGroup(cmd, log_dir, name, env=env)
 
 

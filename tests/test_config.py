@@ -275,6 +275,10 @@ def test_an_output_that_overlaps_a_source_or_is_a_file_is_refused(tmp_path, monk
     check("shard-run", "shard-*.parquet")
     check("corpus/2024/run", "corpus/20*/*.parquet")
     check("corpus-run", "corpus")  # a sibling whose name starts the same
+    (tmp_path / "link").symlink_to(tmp_path / "corpus")  # the corpus by another name
+    for output, source in [("link/run", "corpus"), ("corpus/run", "link")]:
+        with pytest.raises(ConfigError, match=f"^config key 'output': {output} overlaps "):
+            check(output, source)
     for output in ("afile", "afile/run"):
         with pytest.raises(ConfigError, match=f"{tmp_path / 'afile'} is a file, not a dir"):
             check(output, "corpus")
@@ -282,3 +286,15 @@ def test_an_output_that_overlaps_a_source_or_is_a_file_is_refused(tmp_path, monk
     with pytest.raises(ConfigError, match="run/words/x is in --words run/words;"):
         check("run/words/x", words="run/words")
     check("run", words="run/words")  # a run's own table, read before it is written
+
+
+def test_a_flag_given_twice_is_refused():
+    """argparse keeps the last value: --input a --input b would train on b alone."""
+    with pytest.raises(ConfigError, match=r"^--input is given more than once \(several "
+                                          r"sources: one comma-separated --input a,b\)"):
+        cfg("--input", "a", "--input", "b", "--output", "o", "--vocab-size", "300")
+    with pytest.raises(ConfigError, match=r"^--progress-bar is given more than once"):
+        cfg("--progress-bar", "--no-progress-bar")
+    with pytest.raises(ConfigError, match=r"^--vocab-size is given more than once"):
+        cfg("--vocab-size=300", "--vocab-size", "400")
+    cfg("--input", "a,b", "--output", "o", "--vocab-size", "300")  # once is fine

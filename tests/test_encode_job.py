@@ -167,8 +167,10 @@ def test_binary_text_column_keeps_invalid_utf8_exact(spark, run_dir, tmp_path):
     pq.write_table(pa.table({"k": [1, 2, 3], "text": pa.array(rows, pa.binary())}),
                    src / "a.parquet")
     out = tmp_path / "out"
+    (tmp_path / "out.tmp-0badc0de").mkdir()  # left by an encode killed before it published
     res = encode_corpus(spark, Config(input=str(src), tokenizer=str(run_dir), output=str(out),
                                       key_columns=["k"], ids_column="tokens"))
+    assert not (tmp_path / "out.tmp-0badc0de").exists()
     table = read_output(out).sort_by("k")
     assert table.column_names == ["k", "tokens"]
     ref = Tokenizer.load(str(run_dir))

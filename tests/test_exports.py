@@ -495,3 +495,28 @@ def test_readers_refuse_a_run_directory_that_is_not_complete(tmp_path):
         load_tiktoken(str(tmp_path))
     with pytest.raises(EncodeError, match="tokenizer_meta.json is missing .run.json lists"):
         Tokenizer.load(str(tmp_path))
+
+
+def test_a_run_is_not_written_into_a_directory_of_other_files(tmp_path):
+    """A word table, a corpus or anyone's files as --output: refused (their files would be
+    replaced or mixed with the run's); a run directory, an interrupted one, or nothing: fine."""
+    from pipeline.config import ConfigError
+    from pipeline.outputs import check_run_place
+
+    check_run_place(None, str(tmp_path / "new"))
+    run = tmp_path / "run"
+    (run / "words.tmp-1a2b3c4d").mkdir(parents=True)
+    for name in ("merges.txt", "progress.jsonl", ".lease.json", "stats.json.tmp-9f"):
+        (run / name).write_text("x")
+    (run / "ckpt").mkdir()
+    check_run_place(None, str(run), ("ckpt",))
+    table = tmp_path / "table"
+    (table / "data").mkdir(parents=True)
+    (table / "word_table.json").write_text("{}")
+    (table / "stats.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"^config key 'output': \S+/table exists and is not a "
+                                          r"run directory \(it holds data, word_table\.json\)"):
+        check_run_place(None, str(table))
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        check_run_place(None, str(tmp_path / "afile"))

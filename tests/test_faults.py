@@ -441,7 +441,8 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
     assert p.wait(60) == 143, p.tail()
     # under spark-submit the driver's two streams arrive merged on stdout; else on stderr
     last = p.last_line() if launcher == "spark-submit" else p.err().strip().splitlines()[-1]
-    assert last == "error: train terminated (SIGTERM); rerun the same command to resume", \
+    which = "SIGTERM or SIGINT to spark-submit" if launcher == "spark-submit" else "SIGTERM"
+    assert last == f"error: train terminated ({which}); rerun the same command to resume", \
         p.tail()
     deadline = time.time() + 20
     while p.members() and time.time() < deadline:

@@ -75,6 +75,26 @@ def test_other_formats_give_the_parquet_word_table_and_merges(spark, formats, tm
     del ref
 
 
+def test_csv_as_python_and_pandas_write_it(spark, tmp_path):
+    """Quotes doubled inside quoted fields (RFC 4180), backslashes and line breaks in a field:
+    the rows Python's csv module wrote are the rows counted (the Parquet table's words)."""
+    import csv
+
+    rows = ['He said "hi" to me', 'a path C:\\temp\\x and \\"odd\\"', "two\nlines, one row",
+            '"quoted", then more', "plain"] * 3
+    (tmp_path / "csv").mkdir()
+    with open(tmp_path / "csv" / "a.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["text"])
+        writer.writerows([r] for r in rows)
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"text": rows}), tmp_path / "pq" / "a.parquet")
+    count_words(spark, Config(input=str(tmp_path / "pq"), output=str(tmp_path / "ref")))
+    count_words(spark, Config(input=str(tmp_path / "csv"), input_format="csv",
+                              output=str(tmp_path / "got")))
+    assert table_rows(tmp_path / "got") == table_rows(tmp_path / "ref")
+
+
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_files_split_across_tasks_keep_the_corpus_order(spark, formats, tmp_path, fmt):
     """A JSON-lines or text file larger than spark.sql.files.maxPartitionBytes is read by
@@ -289,8 +309,8 @@ def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tm
     without it) becomes a dense rank; a word keeps its earliest position."""
     from pipeline.count.external import canonical, read_parquet, read_tsv
 
-    (tmp_path / "t.tsv").write_text("the\t3\nof\t1\nthe\t4\nand\t2\n")
-    got = canonical(read_tsv(str(tmp_path / "t.tsv")))
+    (tmp_path / "t.tsv").write_text("the\t3\nof\t1\nthe\t4\n\t5\nand\t2\n")
+    got = canonical(read_tsv(str(tmp_path / "t.tsv")))  # (an empty word is left out)
     assert got.to_pylist() == [{"word": b"the", "count": 7, "first_seen": 0},
                                {"word": b"of", "count": 1, "first_seen": 1},
                                {"word": b"and", "count": 2, "first_seen": 2}]

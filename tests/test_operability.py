@@ -16,11 +16,12 @@ procs = pytest.fixture(name="procs")(process_groups)
 def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs):
     """As scripts/quickstart.sh runs it (SPARK_CONF_DIR=conf/spark): no JVM INFO lines before
     the job's first line; --name and --conf settings are the application's, not ours (the
-    shuffle partitions as the SQL session that read the corpus had them)."""
+    shuffle partitions as the SQL session that read the corpus had them), also when the job
+    is given its own --master (which then overrides spark-submit's, and only that)."""
     run = tmp_path / "run"
-    p = submit(["--output", str(run), "--vocab-size", "300",
+    p = submit(["--output", str(run), "--vocab-size", "300", "--master", "local[2]",
                 "--count-reader", "spark"],  # Spark SQL reads: the session is made
-               tmp_path, "quick",
+               tmp_path, "quick", master="local[1]",
                submit_args=["--name", "nightly-tokenizer",
                             "--conf", "spark.sql.shuffle.partitions=7"],
                env=job_env(SPARK_CONF_DIR=str(REPO / "conf" / "spark")))

@@ -31,6 +31,16 @@ def test_a_stage_beats_at_most_every_interval_and_ends_with_a_summary(tmp_path, 
     assert "merges: done in" in caplog.text and "100/100 merges" in caplog.text
 
 
+def test_a_second_attempt_appends_to_progress_jsonl(tmp_path):
+    jsonl = tmp_path / "progress.jsonl"
+    for job in ("first", "second"):
+        with Progress(job, str(jsonl), every=10, bar=False).stage("prepare"):
+            pass
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert [(e["job"], e["event"]) for e in events] == [
+        ("first", "start"), ("first", "end"), ("second", "start"), ("second", "end")]
+
+
 def test_a_busy_stage_still_beats_and_a_failure_is_recorded(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="pipeline.progress")
     jsonl = tmp_path / "progress.jsonl"
@@ -43,6 +53,25 @@ def test_a_busy_stage_still_beats_and_a_failure_is_recorded(tmp_path, caplog):
     assert events[-1]["event"] == "error" and events[-1]["error"] == "RuntimeError"
     assert current_stage() == "report"  # an error message names the stage that failed
     assert "report: failed after" in caplog.text
+
+
+def test_no_heartbeat_follows_a_failed_stage(tmp_path):
+    """A heartbeat whose poll was still running when the stage failed is dropped: a dashboard
+    reading the last event of a stage sees the error."""
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=0.1, bar=False)
+
+    def slow_poll() -> dict:
+        time.sleep(0.4)  # a status-tracker call to a JVM that is going away
+        return {"rows": 1}
+
+    with pytest.raises(RuntimeError), prog.stage("count", poll=slow_poll):
+        time.sleep(0.2)  # the ticker is inside slow_poll now
+        raise RuntimeError("boom")
+    time.sleep(0.6)  # the ticker's beat has finished its poll
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert events[-1]["event"] == "error", events
+    assert not [e for e in events if e["event"] == "beat" and "error" in e]
 
 
 def test_the_bar_is_cleared_before_each_log_line_and_redrawn_after(monkeypatch):

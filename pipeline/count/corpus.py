@@ -276,7 +276,10 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         elif cfg.input_table:
             df = spark.table(name)
         elif cfg.input_format == "csv":
-            df = spark.read.option("header", True).option("multiLine", True).csv(name)
+            # RFC 4180, as Python's csv module and pandas write it: a quote inside a quoted
+            # field is doubled (Spark's default escape, a backslash, would keep both quotes)
+            df = (spark.read.option("header", True).option("multiLine", True)
+                  .option("escape", '"').csv(name))
         elif cfg.input_format == "text":
             df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
         elif cfg.input_format == "json":

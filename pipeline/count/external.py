@@ -119,7 +119,7 @@ def read_tsv(path: str, spark=None) -> pa.Table:
                 continue
             parts = line.split("\t")
             try:
-                if len(parts) not in (2, 3) or not parts[0]:
+                if len(parts) not in (2, 3):  # (an empty word is left out by canonical)
                     raise ValueError
                 counts.append(int(parts[1]))
                 firsts.append(int(parts[2]) if len(parts) == 3 else len(firsts))
