@@ -53,7 +53,12 @@ from pyspark.sql import types as T
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError, check_output_place
-from pipeline.count.corpus import check_text_column, read_corpus, unreadable_file_error
+from pipeline.count.corpus import (
+    check_local_footers,
+    check_text_column,
+    read_corpus,
+    unreadable_file_error,
+)
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
@@ -508,6 +513,7 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
         check_text_column(frame, cfg.text_column, "the DataFrame")
         return [frame], "the DataFrame"
     frames = [read_corpus(spark, path, cfg.text_column)[0] for path in cfg.inputs]
+    check_local_footers(sorted({f for df in frames for f in df.inputFiles()}), can_skip=False)
     schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
                for df in frames}
     if len(schemas) > 1:

@@ -164,6 +164,37 @@ def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_
                             vocab_size=300, progress_bar=False))
 
 
+@pytest.mark.spark
+def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spark, tmp_path):
+    """Its footer reads, one row group's data does not: with ignore_corrupt_files every row
+    of the file is left out, also the row groups other tasks read, so that the word table is
+    the same for any number of tasks (it counted 50 or 150 of its rows before)."""
+    from pipeline.count.word_count import count_words
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": normal_rows()}), tmp_path / "in" / "part-0.parquet")
+    bad = tmp_path / "in" / "part-1.parquet"
+    pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
+                   row_group_size=50)
+    meta = pq.read_metadata(bad)
+    chunk = meta.row_group(1).column(0)
+    data = bytearray(bad.read_bytes())
+    start = chunk.data_page_offset
+    data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    bad.write_bytes(bytes(data))
+    tables = []
+    for parts in (1, 4):
+        out = tmp_path / f"w{parts}"
+        count_words(spark, Config(input=str(tmp_path / "in"), output=str(out),
+                                  num_partitions=parts, ignore_corrupt_files=True))
+        table = pq.read_table(out / "data").sort_by("first_seen")
+        tables.append(table.to_pylist())
+        stats = json.loads((out / "stats.json").read_text())
+        assert [f.rsplit("/", 1)[1] for f in stats["skipped_files"]] == ["part-1.parquet"]
+        assert b"qzqz" not in {r["word"].strip() for r in tables[-1]}
+    assert tables[0] == tables[1]
+
+
 def test_an_unreadable_input_folder_is_a_config_error(tmp_path, monkeypatch):
     from pipeline.count import corpus
 

@@ -300,3 +300,17 @@ def test_job_end_to_end_and_exit_codes(run_dir, held_out, tmp_path):
     assert r.stderr.splitlines()[-1].startswith("error: config key 'tokenizer': ")
     assert "tokenizer.tiktoken is missing (run.json lists it" in r.stderr
     assert not (tmp_path / "x").exists()
+    # a truncated shard under a partitioned corpus: one line naming it, found before any task
+    # fails on it (a failed task logs pages of Java stack traces), exit 2
+    part = tmp_path / "lake" / "lang=en"
+    part.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["good row"] * 20}), part / "a.parquet")
+    pq.write_table(pa.table({"text": ["lost row"] * 2000}), part / "b.parquet")
+    cut = part / "b.parquet"
+    cut.write_bytes(cut.read_bytes()[:300])
+    r = run_encode_job("--tokenizer", str(run_dir), "--input", str(tmp_path / "lake"),
+                       "--output", str(tmp_path / "x"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.match(r"error: config key 'input': \S+lang=en/b\.parquet is not a readable "
+                    r"Parquet file", r.stderr.splitlines()[-1]), r.stderr[-2000:]
+    assert " ERROR " not in r.stderr and "\tat " not in r.stderr, r.stderr[-3000:]

@@ -19,8 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import Config, ConfigError, resolve
-from pipeline.count import corpus, word_count, word_table
+from pipeline.count import corpus, partials, word_count, word_table
+from pipeline.count import merge as merge_stage
 from pipeline.count.word_count import count_words
+from pipeline.order import FirstSeenLayout
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 
 from .conftest import REPO, SAMPLE
@@ -111,7 +113,7 @@ def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, 
                                                            tmp_path, monkeypatch, merge,
                                                            reader):
     """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order."""
-    monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"],
@@ -200,7 +202,7 @@ def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixe
         raise RuntimeError("Total size of serialized results is bigger than "
                            "spark.driver.maxResultSize (1024.0 MiB)")
 
-    monkeypatch.setattr(word_count.Partials, "fetch", too_big)
+    monkeypatch.setattr(partials.Partials, "fetch", too_big)
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"], count_merge="driver"))
@@ -352,22 +354,22 @@ def test_a_merge_in_hash_buckets_equals_the_merge_in_one_piece(monkeypatch, task
     """The driver merge split into hash buckets (for a tight driver budget) gives the same
     word table, row for row, as the merge in one piece, and the counts of all rows."""
     if dense:
-        monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+        monkeypatch.setattr(FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
     pre = Pretokenizer(PretokenizerSpec())
     batches = []
     for file_index, rows in enumerate(tasks):  # task i counts file i
         wc = WordCounter(pre, file_index)
         for row, text in enumerate(rows):
             wc.add_row(row, text)
-        batches += list(word_count._partial_batches([(wc, 0, 1)]))
-    one, stats = word_count.merge_partials(word_count.BucketedPartials.of(batches, 1),
+        batches += list(partials.partial_batches([(wc, 0, 1)]))
+    one, stats = merge_stage.merge_partials(partials.BucketedPartials.of(batches, 1),
                                            len(tasks))
-    split, split_stats = word_count.merge_partials(
-        word_count.BucketedPartials.of(batches, buckets), len(tasks))
+    split, split_stats = merge_stage.merge_partials(
+        partials.BucketedPartials.of(batches, buckets), len(tasks))
     assert split.equals(one) and split_stats == stats
     every = Counter(w.encode() for rows in tasks for text in rows for w in pre.words(text))
     assert dict(zip(one.column("word").to_pylist(), one.column("count").to_pylist())) == every
-    bucket_of = word_count.word_buckets(one.column("word").combine_chunks(), buckets)
+    bucket_of = partials.word_buckets(one.column("word").combine_chunks(), buckets)
     assert bucket_of.min(initial=0) >= 0 and bucket_of.max(initial=0) < buckets
 
 
@@ -378,7 +380,7 @@ def test_count_merged_in_hash_buckets_on_the_driver(spark, mixed_corpus, naive_m
     """A driver budget too tight for one piece: the count is merged in hash buckets, with the
     same word table (Spark's reader gives batches mixing words and statistics)."""
     if dense:
-        monkeypatch.setattr(word_count.FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+        monkeypatch.setattr(FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
     chosen = []
 
     def tight(requested, partial_bytes, budget, *args):
@@ -386,7 +388,7 @@ def test_count_merged_in_hash_buckets_on_the_driver(spark, mixed_corpus, naive_m
         return "driver", 4, "count merge auto -> driver: in 4 hash buckets (test)"
 
     monkeypatch.setattr(word_count, "choose_count_merge", tight)
-    split = word_count.BucketedPartials.of
+    split = partials.BucketedPartials.of
     sizes = []
 
     def of(batches, k):
@@ -394,7 +396,7 @@ def test_count_merged_in_hash_buckets_on_the_driver(spark, mixed_corpus, naive_m
         sizes.append([sum(b.num_rows for b in bucket) for bucket in out.buckets])
         return out
 
-    monkeypatch.setattr(word_count.BucketedPartials, "of", staticmethod(of))
+    monkeypatch.setattr(partials.BucketedPartials, "of", staticmethod(of))
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"], count_reader=reader))
@@ -416,7 +418,7 @@ def test_partials_through_the_executors_disks_as_on_a_cluster(spark, mixed_corpu
                                                               tmp_path, monkeypatch, merge):
     """Off a local master the tasks' output stays on the executors' disks (DISK_ONLY Arrow
     records) and is fetched through the driver JVM or merged by Spark: same word table."""
-    monkeypatch.setattr(word_count, "_spill_dir", lambda sc: None)
+    monkeypatch.setattr(word_count, "partials_spill_dir", lambda sc: None)
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"], count_merge=merge))
@@ -426,13 +428,13 @@ def test_partials_through_the_executors_disks_as_on_a_cluster(spark, mixed_corpu
 def test_spilled_partials_are_removed(spark, mixed_corpus, tmp_path, monkeypatch):
     """With a local master the tasks' Arrow files are read by the driver and then deleted."""
     made = []
-    spill_dir = word_count._spill_dir
+    spill_dir = word_count.partials_spill_dir
 
     def recorded(sc):
         made.append(spill_dir(sc))
         return made[-1]
 
-    monkeypatch.setattr(word_count, "_spill_dir", recorded)
+    monkeypatch.setattr(word_count, "partials_spill_dir", recorded)
     count_words(spark, Config(input=str(mixed_corpus), output=str(tmp_path / "words"),
                               special_tokens=["<|endoftext|>"]))
     assert len(made) == 1 and made[0] is not None and not os.path.exists(made[0])

@@ -116,6 +116,19 @@ def list_local_corpus(path: str, text_column: str,
     return sorted(read)
 
 
+def check_local_footers(files: list[str], can_skip: bool = True) -> None:
+    """Read the Parquet footer of each local file of ``files`` (cheap): an unreadable one is
+    one error naming it before any Spark task meets it (a task's failure comes with pages of
+    Java stack traces in the log)."""
+    for f in files:
+        if not fsutil.is_local(f):
+            continue
+        try:
+            pq.read_metadata(fsutil.local_path(f))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+            raise corrupt_file_error(f, first_line(exc), can_skip) from None
+
+
 def first_line(exc: BaseException | str) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
