@@ -22,7 +22,9 @@ or give files for a result that does not depend on how it was partitioned.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +93,26 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
                           f"{_API_NAMES[job]}() (its keys: `jobs/{_API_NAMES[job]}.py --help`)")
     _apply(options, cfg, "api")
     _absolute_paths(cfg)
-    return validate(cfg, job, frame=frame is not None), frame
+    cfg = validate(cfg, job, frame=frame is not None)
+    _log_where_seen(cfg, explicit="log_level" in options)
+    return cfg, frame
+
+
+def _log_where_seen(cfg: Config, explicit: bool) -> None:
+    """Our log lines (heartbeats included) on stderr at ``log_level`` when the program has not
+    configured logging (a notebook, a bare script): Python would show only warnings. A
+    program that configured its own logging keeps it; ``log_level`` given here still sets
+    the level of ours."""
+    ours = logging.getLogger("pipeline")
+    if explicit:
+        ours.setLevel(cfg.log_level.upper())
+    if logging.getLogger().handlers or ours.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           datefmt="%H:%M:%S"))
+    ours.addHandler(handler)
+    ours.setLevel(cfg.log_level.upper())
 
 
 def _absolute_paths(cfg: Config) -> None:

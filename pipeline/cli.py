@@ -46,9 +46,17 @@ def setup_logging(level: str) -> None:
     handler = BarAwareHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                            datefmt="%H:%M:%S"))
+    handler.addFilter(_not_py4j_interrupt)
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         handlers=[handler])
     logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _not_py4j_interrupt(record: logging.LogRecord) -> bool:
+    """py4j logs an interrupted call (our SIGTERM or Ctrl-C) with a traceback through the root
+    logger; the job's own last line says what happened."""
+    return not (record.getMessage().startswith("KeyboardInterrupt while sending command")
+                and record.pathname.replace("\\", "/").endswith("py4j/java_gateway.py"))
 
 
 def one_line_reason(exc: BaseException) -> str:

@@ -62,7 +62,19 @@ def local_path(path: str) -> str:
 def _fs(spark: SparkSession, path: str):
     jvm = spark.sparkContext._jvm
     p = jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+    try:
+        return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+    except Exception as exc:  # noqa: BLE001 - py4j wraps the Java exception
+        java = getattr(exc, "java_exception", None)
+        text = str(java.toString()) if java is not None else str(exc)
+        if "FileSystem for scheme" not in text:
+            raise
+        from pipeline.config import ConfigError  # (config imports this module)
+
+        reason = text.strip().splitlines()[0].split(": ", 1)[-1]
+        raise ConfigError(f"{path}: this Spark has no filesystem for its scheme ({reason}); "
+                          "check the path, or add the connector for that store to the "
+                          "cluster") from None
 
 
 def exists(spark: SparkSession | None, path: str) -> bool:

@@ -111,11 +111,12 @@ class Stage:
     """A running stage: ``update`` it with what is done; heartbeats are throttled."""
 
     def __init__(self, progress: Progress, name: str, total: float | None, unit: str,
-                 poll: Callable[[], dict] | None):
+                 poll: Callable[[], dict] | None, start: float = 0):
         self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
                                                                       unit, poll)
         self.t0 = time.time()
-        self.done: float | None = 0 if total else None
+        self.start = start  # done before this attempt (merges from a checkpoint): not its rate
+        self.done: float | None = start if total else None
         self.fields: dict = {}
         self.last_beat = self.t0
         self.lock = threading.Lock()
@@ -152,12 +153,14 @@ class Stage:
                     rec["total"] = total
                     if event == "beat":
                         parts[-1] += f" ({100 * done / total:.0f}%)"
-                if elapsed > 0 and done:
-                    rec["rate"] = round(done / elapsed, 2)
-                    if self.unit and event == "beat" and done / elapsed >= 1:
-                        parts.append(f"{done / elapsed:,.0f} {self.unit}/s")
+                new = done - self.start
+                if elapsed > 0 and new > 0:
+                    rate = new / elapsed
+                    rec["rate"] = round(rate, 2)
+                    if self.unit and event == "beat" and rate >= 1:
+                        parts.append(f"{rate:,.0f} {self.unit}/s")
                     if total and event == "beat":
-                        rec["eta"] = round((total - done) / (done / elapsed), 1)
+                        rec["eta"] = round((total - done) / rate, 1)
             rec.update(self.fields)
             parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]
             detail = ", ".join(parts)
@@ -224,11 +227,13 @@ class Progress:
 
     @contextlib.contextmanager
     def stage(self, name: str, total: float | None = None, unit: str = "",
-              poll: Callable[[], dict] | None = None, **fields) -> Iterator[Stage]:
+              poll: Callable[[], dict] | None = None, start: float = 0,
+              **fields) -> Iterator[Stage]:
         """Run a stage: a start line, heartbeats (from ``update`` and from a ticker that calls
-        ``poll`` for fresh fields), and an end line (or an error event)."""
+        ``poll`` for fresh fields), and an end line (or an error event). ``start``: what was
+        done before (merges from a checkpoint): counted as done, not in the rate."""
         global _current_stage
-        st = Stage(self, name, total, unit, poll)
+        st = Stage(self, name, total, unit, poll, start)
         st.fields.update(fields)
         previous, _current_stage = _current_stage, name
         self.stages.append(st)

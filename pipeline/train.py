@@ -417,7 +417,7 @@ def make_merges(spark: SparkSession, prep: Prepared, progress: Progress) -> Merg
     """Stage 2: the merges, by the chosen engine (Spark rounds may hand off to the driver)."""
     cfg, t0 = prep.cfg, time.time()
     rounds, handoff_at = RoundStats(), None
-    with progress.stage("merges", total=prep.target, unit="merges",
+    with progress.stage("merges", total=prep.target, unit="merges", start=len(prep.prior),
                         engine=prep.engine) as stage:
         mlog = MergeLog(prep, stage)
         faults.at("merges")

@@ -298,3 +298,41 @@ def test_a_flag_given_twice_is_refused():
     with pytest.raises(ConfigError, match=r"^--vocab-size is given more than once"):
         cfg("--vocab-size=300", "--vocab-size", "400")
     cfg("--input", "a,b", "--output", "o", "--vocab-size", "300")  # once is fine
+
+
+def test_the_api_logs_where_a_notebook_sees_it(monkeypatch):
+    """Without logging configured (a notebook), the API's log lines go to stderr at
+    log_level; a program's own logging is left alone, except for the level of ours."""
+    import logging
+
+    from pipeline import api
+
+    ours = logging.getLogger("pipeline")
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    api._config("count", "data/sample", {"output": "out/x"})
+    assert [type(h).__name__ for h in ours.handlers] == ["StreamHandler"]
+    assert ours.level == logging.INFO
+    api._config("count", "data/sample", {"output": "out/x", "log_level": "WARNING"})
+    assert len(ours.handlers) == 1 and ours.level == logging.WARNING
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
+    api._config("count", "data/sample", {"output": "out/x"})
+    assert ours.handlers == []  # the program's own logging is kept
+
+
+def test_py4j_tracebacks_of_an_interrupted_call_stay_out_of_the_log():
+    """py4j logs a SIGTERM'd call with a traceback through the root logger: dropped by our
+    handler (the job's last line says it was terminated); other py4j errors stay."""
+    import logging
+
+    from pipeline.cli import _not_py4j_interrupt
+
+    def record(msg: str, path: str) -> logging.LogRecord:
+        return logging.LogRecord("root", logging.ERROR, path, 1, msg, None, None)
+
+    gateway = "/x/site-packages/py4j/java_gateway.py"
+    assert not _not_py4j_interrupt(record("KeyboardInterrupt while sending command.", gateway))
+    assert _not_py4j_interrupt(record("Exception while sending command.", gateway))
+    assert _not_py4j_interrupt(record("KeyboardInterrupt while sending command.", "/app.py"))

@@ -84,3 +84,16 @@ def test_outputs_are_staged_beside_except_on_object_stores(tmp_path):
     # on an object store the output is written in place (marker last), never renamed
     assert fsutil.staging_dir(None, "s3a://bucket/run/words", "word_table.json") == \
         "s3a://bucket/run/words"
+
+
+@pytest.mark.spark
+def test_a_scheme_spark_cannot_open_is_a_config_error(spark):
+    """--output dbfs:/x (or --words) on a cluster without that filesystem: one line, exit 2,
+    not a Java traceback and exit 1 (which a scheduler would retry)."""
+    from pipeline.config import ConfigError
+
+    for call in (lambda: fsutil.exists(spark, "dbfs:/tmp/x"),
+                 lambda: fsutil.list_dir(spark, "nosuchfs://host/tmp/x")):
+        with pytest.raises(ConfigError, match=r"^\S+: this Spark has no filesystem for its "
+                                              r"scheme \(No FileSystem for scheme \"\w+\"\)"):
+            call()

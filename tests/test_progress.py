@@ -55,6 +55,22 @@ def test_a_busy_stage_still_beats_and_a_failure_is_recorded(tmp_path, caplog):
     assert "report: failed after" in caplog.text
 
 
+def test_merges_from_a_checkpoint_count_as_done_but_not_in_the_rate(tmp_path):
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=10, bar=False)
+    with prog.stage("merges", total=1000, unit="merges", start=600) as st:
+        time.sleep(0.5)
+        st.update(610, force=True)  # 10 new merges in about 0.5 s
+    served = Progress("test", str(tmp_path / "p2.jsonl"), every=10, bar=False)
+    with served.stage("merges", total=600, unit="merges", start=600):
+        pass  # all from the checkpoint
+    beat, end = [json.loads(x) for x in jsonl.read_text().splitlines()][1:]
+    assert beat["done"] == 610 and 10 <= beat["rate"] <= 25  # not 610 / 0.5 s
+    assert beat["eta"] > 15  # 390 left at about 20 merges/s
+    last = json.loads((tmp_path / "p2.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "end" and last["done"] == last["total"] == 600
+
+
 def test_no_heartbeat_follows_a_failed_stage(tmp_path):
     """A heartbeat whose poll was still running when the stage failed is dropped: a dashboard
     reading the last event of a stage sees the error."""

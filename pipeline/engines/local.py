@@ -40,7 +40,6 @@ from pipeline.order import (
     left_to_right,
     pack_pair,
     pack_pairs,
-    unpack_entry,
     unpack_pair,
 )
 
@@ -654,7 +653,7 @@ class LocalTrainer:
         return self._record(a, b, count, removed)
 
     def _pop(self) -> None:
-        self.in_heap[unpack_entry(heapq.heappop(self.heap))[2]] = False
+        self.in_heap[heapq.heappop(self.heap)[2]] = False  # (-count, position, id)
 
     def best_pair(self, max_token_bytes: int | None = None) -> tuple[int, int] | None:
         """(pair id, count) of the pair the sequential trainer merges next, or None."""
@@ -662,14 +661,16 @@ class LocalTrainer:
         cnt, lefts, rights = state.cnt, state.pair_left, state.pair_right
         tl = self.token_len
         while True:
-            if not heap or unpack_entry(heap[0])[0] < self.floor:
+            # heap entries are order.heap_entry tuples (-count, position, id), read inline
+            # here: this loop runs once per merge and stale entry (order.unpack_entry elsewhere)
+            if not heap or -heap[0][0] < self.floor:
                 if self._lower_floor():
                     continue
                 if not heap:
                     return None
-            top, pos, i = unpack_entry(heap[0])
+            negc, pos, i = heap[0]
             c = int(cnt[i])
-            if c != top:
+            if c != -negc:
                 if c:
                     heapq.heapreplace(heap, heap_entry(c, pos, i))
                 else:
