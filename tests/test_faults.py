@@ -354,13 +354,13 @@ def test_overlapping_runs_on_one_directory_do_not_interleave(spark, corpus, tmp_
     assert merges_txt(run) == merges_txt(ref) and not (run / ".lease.json").exists()
 
     # killed while holding the lease: the next run on this host takes it over
-    third = submit([*args, "--vocab-size", str(VOCAB + 10)], tmp_path, "killed",
+    third = submit([*args[:-1], str(VOCAB + 10)], tmp_path, "killed",  # a bigger vocabulary
                    env=job_env(SPARK_BPE_INJECT="merges=pause:60"))
     procs.append(third)
     third.wait_until(lambda: "merges: started" in third.log(), 120, "the merge stage")
     third.kill()
     assert (run / ".lease.json").exists()
-    p = submit([*args, "--vocab-size", str(VOCAB + 10)], tmp_path, "after-kill")
+    p = submit([*args[:-1], str(VOCAB + 10)], tmp_path, "after-kill")
     procs.append(p)
     assert p.wait(180) == 0, p.tail()
     assert "taking over the lease" in p.log() and "its process no longer exists" in p.log()

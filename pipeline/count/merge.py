@@ -141,7 +141,8 @@ def _side_stats(side: list[pa.RecordBatch]) -> dict[str, int]:
 def skipped_file_indices(stats: dict[str, int]) -> list[int]:
     """The files a task could not read to the end (``ignore_corrupt_files``): every word row
     of theirs is left out of the merge, also what other tasks read of them, so that the word
-    table does not depend on how the files were cut into tasks."""
+    table does not depend on how the files were cut into tasks (with ignore_corrupt_files the
+    tasks count each file apart, so a word row belongs to one file)."""
     return sorted(int(k.split(":", 1)[1]) for k in stats if k.startswith("skipped_file:"))
 
 

@@ -152,16 +152,19 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
     and bytes read so far every ``REPORT_ROWS`` rows (it writes them at most every 2 s)."""
     faults.at("count_task")  # tests: heartbeats while the tasks run
     pre = Pretokenizer(spec)
-    counters: dict[int, WordCounter] = {}
+    # one counter per source weight; with ignore_corrupt one per file, so that the merge can
+    # leave out every word of a file that turns out unreadable part way (merge.py)
+    counters: dict[tuple[int, int], WordCounter] = {}
     unreadable: set[int] = set()
     rows_read = bytes_read = 0
     for s in slices:
         if s.file_index in unreadable:
             continue
         weight = weights[s.file_index] if weights else 1
-        wc = counters.get(weight)
+        key = (weight, s.file_index if ignore_corrupt else -1)
+        wc = counters.get(key)
         if wc is None:
-            wc = counters[weight] = WordCounter(pre, max_word_bytes=max_word_bytes)
+            wc = counters[key] = WordCounter(pre, max_word_bytes=max_word_bytes)
         add = wc.add_row
         wc.file_index = s.file_index
         row = s.first_row
@@ -185,7 +188,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
             unreadable.add(s.file_index)  # the merge leaves out all its rows (merge.py)
     if report is not None:
         report.finish(rows_read, bytes_read)
-    yield from partial_batches([(wc, 0, w) for w, wc in counters.items()],
+    yield from partial_batches([(wc, 0, key[0]) for key, wc in counters.items()],
                                 {f"skipped_file:{i}": 1 for i in unreadable})
 
 
