@@ -165,7 +165,9 @@ def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_
 
 
 @pytest.mark.spark
-def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spark, tmp_path):
+@pytest.mark.parametrize("merge", ["driver", "spark"])
+def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spark, tmp_path,
+                                                                             merge):
     """Its footer reads, one row group's data does not: with ignore_corrupt_files every row
     of the file is left out, also the row groups other tasks read, so that the word table is
     the same for any number of tasks (it counted 50 or 150 of its rows before)."""
@@ -186,7 +188,8 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     for parts in (1, 4):
         out = tmp_path / f"w{parts}"
         count_words(spark, Config(input=str(tmp_path / "in"), output=str(out),
-                                  num_partitions=parts, ignore_corrupt_files=True))
+                                  num_partitions=parts, ignore_corrupt_files=True,
+                                  count_merge=merge))
         table = pq.read_table(out / "data").sort_by("first_seen")
         tables.append(table.to_pylist())
         stats = json.loads((out / "stats.json").read_text())
