@@ -79,7 +79,7 @@ def merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float,
                                & F.col("word").cast("string").startswith("skipped_file:"))
         drop = skipped_file_indices({bytes(r["word"]).decode(): 1 for r in marks.collect()})
         if drop:
-            partial = partial.filter((F.col("kind") != KIND_WORD) | ~F.col("file").isin(drop))
+            partial = partial.filter(~F.col("file").isin(drop))  # words and statistics
     agg = (
         partial.groupBy("kind", "word")
         .agg(
@@ -126,15 +126,19 @@ def _layout(stats: dict[str, int], n_files: int) -> FirstSeenLayout | None:
 
 
 def _side_stats(side: list[pa.RecordBatch]) -> dict[str, int]:
+    """The tasks' statistics, summed or maximal, without those of the files a task could not
+    read to the end (``partial_batches`` gives them under the file's index)."""
+    rows = [(kind, bytes(name).decode(), value, file) for b in side
+            for kind, name, value, file in zip(*(b.column(i).to_pylist() for i in range(4)))]
+    drop = set(skipped_file_indices({name: 1 for _, name, _, _ in rows}))
     stats: dict[str, int] = {}
-    for b in side:
-        for k, name, value in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
-                                  b.column(2).to_pylist()):
-            key = bytes(name).decode()
-            if k == KIND_STAT:  # summed over tasks
-                stats[key] = stats.get(key, 0) + value
-            else:  # KIND_MAX: the largest over tasks
-                stats[key] = max(stats.get(key, 0), value)
+    for kind, key, value, file in rows:
+        if file in drop:
+            continue
+        if kind == KIND_STAT:  # summed over tasks
+            stats[key] = stats.get(key, 0) + value
+        else:  # KIND_MAX: the largest over tasks
+            stats[key] = max(stats.get(key, 0), value)
     return stats
 
 

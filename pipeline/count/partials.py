@@ -50,31 +50,36 @@ PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
 Counted = tuple[WordCounter, int, int]  # a counter, its block (0: rows indexed per file), weight
 
 
-def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = None
-                     ) -> Iterator[pa.RecordBatch]:
+def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = None,
+                    per_file: bool = False) -> Iterator[pa.RecordBatch]:
     """A task's output: each counter's words (counts times their source's weight; first
     occurrences keyed (file, block, row, rank)), then one batch of summed and maximal
-    statistics (``extra``: more summed statistics, by name)."""
-    total = RowStats()
+    statistics (``extra``: more summed statistics, by name). ``per_file``: each counter
+    counted one file (``ignore_corrupt_files``), and its statistics go out under that file's
+    index, so that the merge leaves them out with the words of a file found unreadable; other
+    statistics have file -1."""
+    totals: dict[int, RowStats] = {} if per_file else {-1: RowStats()}
     maxima = {"max_row": 0, "max_rank": 0, "max_block": 0}
     for wc, block, weight in counters:
         if wc.counts:
             batch = _word_batch(wc, block, weight)
             for at in range(0, batch.num_rows, BLOB_ROWS):  # no record over a few MB
                 yield batch.slice(at, BLOB_ROWS)
+        total = totals.setdefault(wc.file_index if per_file else -1, RowStats())
         for k, v in wc.stats.as_dict().items():
             setattr(total, k, getattr(total, k) + v)
         maxima["max_row"] = max(maxima["max_row"], wc.max_row)
         maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
         maxima["max_block"] = max(maxima["max_block"], block)
-    stats = {**total.as_dict(), **(extra or {})}
-    kinds = [KIND_STAT] * len(stats) + [KIND_MAX] * len(maxima)
-    names = list(stats) + list(maxima)
-    values = list(stats.values()) + list(maxima.values())
-    n = len(names)
+    rows = [(KIND_STAT, name, value, file) for file, total in totals.items()
+            for name, value in total.as_dict().items()]
+    rows += [(KIND_STAT, name, value, -1) for name, value in (extra or {}).items()]
+    rows += [(KIND_MAX, name, value, -1) for name, value in maxima.items()]
+    kinds, names, values, files = zip(*rows)
+    n = len(rows)
     yield pa.RecordBatch.from_arrays(
         [pa.array(kinds, pa.int8()), pa.array([k.encode() for k in names], pa.binary()),
-         pa.array(values, pa.int64()), pa.array([0] * n, pa.int32()),
+         pa.array(values, pa.int64()), pa.array(files, pa.int32()),
          pa.array([0] * n, pa.int64()), pa.array([0] * n, pa.int64()),
          pa.array([0] * n, pa.int32())],
         schema=PARTIAL_ARROW_SCHEMA,

@@ -189,7 +189,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
     if report is not None:
         report.finish(rows_read, bytes_read)
     yield from partial_batches([(wc, 0, key[0]) for key, wc in counters.items()],
-                                {f"skipped_file:{i}": 1 for i in unreadable})
+                                {f"skipped_file:{i}": 1 for i in unreadable}, ignore_corrupt)
 
 
 def _run_ends(values: pa.Array) -> list[int]:
