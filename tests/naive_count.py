@@ -23,7 +23,9 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import regex
 
 from pipeline.pretokenize import PATTERNS
@@ -165,3 +167,14 @@ def word_table_differences(rows: Iterable[tuple[bytes, int, int]], naive: NaiveT
         problems.append(f"{len(wrong)} first_seen values differ (word, got, expected; bit "
                         f"widths {naive.bit_widths()}), e.g. {wrong[:5]}")
     return problems
+
+
+def assert_word_table(out: Path, naive: NaiveTable, dense: bool | None = None) -> None:
+    """The word table written to ``out`` (WORDS_DIR) equals the naive count: its schema, the
+    words and counts, the order of first_seen and its exact values (packed, or dense)."""
+    table = pq.read_table(out / "data")
+    assert table.schema.names == ["word", "count", "first_seen"]
+    assert [str(t) for t in table.schema.types] == ["binary", "int64", "int64"]
+    rows = zip(*(table.column(c).to_pylist() for c in table.schema.names))
+    problems = word_table_differences(rows, naive, dense)
+    assert not problems, "\n".join(problems)

@@ -19,7 +19,8 @@ from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 from pipeline.train import train
 
 from .conftest import SAMPLE
-from .sparkjobs import job_env, process_groups, submit
+from .naive_count import assert_word_table, naive_count
+from .sparkjobs import job_env, oracle_merges, process_groups, submit
 
 procs = pytest.fixture(name="procs")(process_groups)
 
@@ -195,6 +196,11 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
         stats = json.loads((out / "stats.json").read_text())
         assert [f.rsplit("/", 1)[1] for f in stats["skipped_files"]] == ["part-1.parquet"]
         assert b"qzqz" not in {r["word"].strip() for r in tables[-1]}
+        # the statistics leave out what was read of it too: the good file's rows and words
+        good = normal_rows()
+        assert stats["rows"] == len(good), stats
+        assert stats["bytes"] == sum(len(t.encode()) for t in good), stats
+        assert stats["words"] == sum(r["count"] for r in tables[-1]), stats
     assert tables[0] == tables[1]
 
 
@@ -226,9 +232,12 @@ def test_invalid_utf8_in_a_string_column_is_kept_byte_exact(spark, tmp_path):
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"text": column}), tmp_path / "in" / "part-0.parquet")
     run = tmp_path / "run"
-    train(spark, Config(input=str(tmp_path / "in"), output=str(run), vocab_size=300,
-                        progress_bar=False))
+    cfg = Config(input=str(tmp_path / "in"), output=str(run), vocab_size=300,
+                 progress_bar=False)
+    train(spark, cfg)
     assert json.loads((run / "words" / "stats.json").read_text())["invalid_utf8_rows"] == 2
+    assert_word_table(run / "words", naive_count([values], cfg.pattern, cfg.special_tokens,
+                                                 max_word_bytes=cfg.max_word_bytes))
     res = encode_corpus(spark, Config(input=str(tmp_path / "in"), tokenizer=str(run),
                                       output=str(tmp_path / "enc")))
     assert res.stats["stats"]["invalid_utf8_rows"] == 2
@@ -269,17 +278,21 @@ def test_bad_rows_end_a_real_job_within_a_minute(tmp_path, procs):
 def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_factory, rows,
                                                               pattern):
     """Random Unicode and random bytes (a binary column: invalid UTF-8 kept byte-exact) go
-    through count -> train -> encode -> decode without an exception, byte for byte."""
+    through count -> train -> encode -> decode without an exception, byte for byte; the word
+    table is the naive count's and the merges are the oracle's."""
     d = tmp_path_factory.mktemp("fuzz")
     data = [r.encode("utf-8", "surrogateescape") for r in rows]
     pq.write_table(pa.table({"text": pa.array(data, pa.binary())}), d / "part-0.parquet")
     cfg = Config(input=str(d), output=str(d / "run"), vocab_size=300, pattern=pattern,
                  special_tokens=[], progress_bar=False, min_pair_count=1)
+    naive = naive_count([data], pattern, max_word_bytes=cfg.max_word_bytes)
     try:
-        train(spark, cfg)
+        merges = train(spark, cfg).merges
     except ConfigError as exc:  # nothing to train on is the one acceptable refusal
-        assert "has no words" in str(exc)
+        assert "has no words" in str(exc) and not naive.counts
         return
+    assert_word_table(d / "run" / "words", naive)
+    assert merges == oracle_merges(d, cfg)
     tok = Tokenizer.load(str(d / "run"))
     for raw, text in zip(data, rows):
         ids = tok.encode(text, disallowed_special=())

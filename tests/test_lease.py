@@ -57,6 +57,23 @@ def test_a_gone_holder_is_taken_over_with_a_log_line(tmp_path, caplog):
         Lease(None, str(tmp_path), timeout=60).acquire()
 
 
+def test_a_live_run_renews_its_lease_so_another_host_cannot_take_it(tmp_path, monkeypatch):
+    """The holder renews its lease every timeout / 4: after several timeouts a run on another
+    host (which cannot see whether the holder's process lives) still finds it fresh."""
+    import time
+
+    lease = Lease(None, str(tmp_path), timeout=1.0).acquire()
+    try:
+        first = json.loads((tmp_path / NAME).read_text())["renewed"]
+        time.sleep(2.5)
+        assert json.loads((tmp_path / NAME).read_text())["renewed"] > first + 1.5
+        monkeypatch.setattr("pipeline.lease.socket.gethostname", lambda: "elsewhere")
+        with pytest.raises(LeaseHeld, match="is in use by another run"):
+            Lease(None, str(tmp_path), timeout=1.0).acquire()
+    finally:
+        lease.release()
+
+
 def test_a_lease_taken_away_stops_the_run_before_it_publishes(tmp_path):
     lease = Lease(None, str(tmp_path), timeout=0.2).acquire()
     (tmp_path / NAME).write_text(json.dumps({"host": "other", "pid": 1, "id": "thief",
@@ -225,7 +242,7 @@ def test_a_checkpoint_dir_equal_to_the_output_is_leased_once(spark, tmp_path, mo
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"text": ["some words here"] * 50}), tmp_path / "in" / "a.parquet")
     cfg = Config(input=str(tmp_path / "in"), output=str(tmp_path / "run"), vocab_size=260,
-                 checkpoint_dir=same if same.startswith(".") else str(tmp_path / same),
+                 checkpoint_dir=same if same.startswith(".") else f"{tmp_path}/{same}",
                  progress_bar=False)
     assert len(train(spark, cfg).merges) == 3
     assert list((tmp_path / "run").glob("merges-*.txt"))  # the checkpoints went there

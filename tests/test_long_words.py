@@ -336,7 +336,9 @@ def test_grouped_merge_refused_where_it_would_differ():
     assert slow_bpe(word, table) == [100, 98]
     assert not PairTable(table).grouped_ok
     assert merge_groups(word, PairTable(table)).tolist() != [100, 98]  # why it is refused
-    long_word = word * 1000  # long enough for merge_groups, which bpe_encode must not use
+    long_word = word * 10_000  # long enough for merge_groups, which bpe_encode must not use
+    assert len(long_word) >= encoder.LONG_WORD
+    assert merge_groups(long_word, PairTable(table)).tolist() != merge_heap(long_word, table)
     assert bpe_encode(long_word, table) == merge_heap(long_word, table)
 
 
@@ -389,15 +391,21 @@ def test_encode_job_with_pathological_rows(tmp_path: Path, tmp_path_factory):
     assert stats["rows_via_reference"] == 2 and stats["tiktoken_errors"] == 0
 
 
-def test_duplicate_tokens_long_word_takes_the_heap():
+def test_duplicate_tokens_long_word_takes_the_heap(monkeypatch):
     """A run whose byte strings repeat: 'abc' is made by (ab, c) and again by (a, bc), so its
-    first id 257 is also made at rank 260, after (257, d) at rank 258; merging by groups could
-    then differ, so a word over LONG_WORD symbols takes the heap, which is exact for any table."""
+    first id 257 is also made at rank 260, after (257, d) at rank 258. That breaks the
+    condition under which merging by groups is proven exact (``grouped_ok``), so a word over
+    LONG_WORD symbols takes the heap, which is exact for any table."""
     a, b, c, d = 97, 98, 99, 100
     merges = [Merge(a, b, 256, 9), Merge(256, c, 257, 8), Merge(257, d, 258, 7),
               Merge(b, c, 259, 6), Merge(a, 259, 260, 5)]
     tok = Tokenizer(bytes_vocab(), merges, [], PretokenizerSpec("none"))
     assert not tok.pair_table.grouped_ok
+
+    def refused(*args):
+        raise AssertionError("merge_groups used on a table that is not grouped_ok")
+
+    monkeypatch.setattr(encoder, "merge_groups", refused)
     word = "xabcd abcdd bcabc " * (encoder.LONG_WORD // 10)
     assert tok.encode(word) == merge_heap(list(word.encode()), tok.pair_ranks)
     assert tok.decode(tok.encode(word)) == word

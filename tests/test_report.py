@@ -8,6 +8,7 @@ import html
 import importlib.util
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from pipeline.encoder import LONG_WORD, SHORT_WORD, Tokenizer
 from pipeline.engines.local import LocalTrainer
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
 from pipeline.report import (
+    LONG_TOKEN,
     TRACE_ROWS,
     _visible,
     measure_sample,
@@ -113,8 +115,8 @@ def test_numbers_match_the_reference_encoder(trained):
     assert sample.curve[-1][0] == len(tok.merges)
     assert sample.curve[-1][1] == pytest.approx(n_bytes / n_tokens)
     assert sum(sample.length_hist.values()) == n_tokens
-    lengths = sum(len(ref.vocab[i]) for t in held for i in ref.encode(t))
-    assert sum(k * v for k, v in sample.length_hist.items()) <= lengths  # 16+ is capped
+    assert sample.length_hist == Counter(min(len(ref.vocab[i]), LONG_TOKEN)
+                                         for t in held for i in ref.encode(t))
     # a point inside the curve: encode afresh with that prefix of the merge list
     k, bpt = sample.curve[len(sample.curve) // 10]
     assert 0 < k < len(tok.merges)

@@ -118,3 +118,9 @@ def test_the_merge_log_checkpoints_after_checkpoint_every_seconds(monkeypatch):
     assert saved == [2]  # nothing new to write
     mlog.extend([Merge(257, 100, 258, 3)], [3])
     assert saved == [2, 3]  # 10 s since the last checkpoint
+    now[0] += 2
+    mlog.extend([Merge(258, 101, 259, 2)], [2])
+    assert saved == [2, 3]  # 2 s since the last checkpoint: the timer started again
+    now[0] += 4
+    mlog.extend([Merge(259, 102, 260, 1)], [1])
+    assert saved == [2, 3, 5]

@@ -26,7 +26,7 @@ from pipeline.order import FirstSeenLayout
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 
 from .conftest import REPO, SAMPLE
-from .naive_count import NaiveTable, naive_count, word_table_differences
+from .naive_count import NaiveTable, assert_word_table, naive_count
 
 pytestmark = pytest.mark.spark
 
@@ -35,17 +35,6 @@ def naive_count_of(corpus, column: str = "text", **settings) -> NaiveTable:
     """The naive count of a corpus directory: its Parquet files sorted by path."""
     files = sorted(str(p) for p in corpus.glob("*.parquet"))
     return naive_count([pq.read_table(f).column(column).to_pylist() for f in files], **settings)
-
-
-def assert_word_table(out, naive: NaiveTable, dense: bool | None = None) -> None:
-    """The word table written to ``out`` (WORDS_DIR) equals the naive count: its schema, the
-    words and counts, the order of first_seen and its exact values (packed, or dense)."""
-    table = pq.read_table(out / "data")
-    assert table.schema.names == ["word", "count", "first_seen"]
-    assert [str(t) for t in table.schema.types] == ["binary", "int64", "int64"]
-    rows = zip(*(table.column(c).to_pylist() for c in table.schema.names))
-    problems = word_table_differences(rows, naive, dense)
-    assert not problems, "\n".join(problems)
 
 
 @pytest.fixture(scope="module")
