@@ -113,8 +113,9 @@ class Config:
     checkpoint_every_seconds: float = opt(60.0, "and at least every N seconds", (TRAIN,))
     resume: str = opt("auto", "continue from the newest valid checkpoint, or start fresh",
                       (TRAIN,), ("auto", "never"))
-    lease_timeout_seconds: float = opt(120.0, "one run per run directory: a lease not renewed "
-                                              "this long is taken over", (TRAIN,))
+    lease_timeout_seconds: float = opt(120.0, "one run per output (run directory, word "
+                                              "table, encoded corpus): a lease not renewed "
+                                              "this long is taken over")
     # -- runtime ---------------------------------------------------------------------------------
     master: str = opt("", "Spark master for this job, over spark-submit's --master (default: "
                           "spark-submit's, else local[*]); other spark-submit settings stay")

@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 SPECIAL_MODES = ("error", "special", "text")
 ENCODE_ENGINES = ("auto", "tiktoken", "reference")
 STATS_FILE = "_encode.json"
+CONFIG_FILE = "_config.json"  # the resolved config (config.json of a run or a word table)
 AUTO_KEYS = ("file", "row")
 IDS_TYPE = pa.list_(pa.int32())
 # ids compress ~15% smaller with zstd than with Spark's default snappy, at the same CPU
@@ -501,6 +502,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
                "key_columns": keys, "ids_column": cfg.ids_column,
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
                "stats": stats}
+    fsutil.write_text(spark, fsutil.join(tmp, CONFIG_FILE), cfg.to_json())
     fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
     fsutil.replace_dir(spark, tmp, cfg.output)
     return summary

@@ -132,6 +132,8 @@ def test_each_job_takes_its_own_flags_and_shows_defaults(capsys):
     assert "--tokenizer" not in train and "--vocab-size" in train and "--words" in train
     assert "--vocab-size" not in count and "--max-word-bytes" in count
     assert "(default: 'auto'); one of auto, spark, local" in " ".join(train.split())
+    for job in ("count", "encode", "train"):  # every job holds the lease of its output
+        assert resolve(["--lease-timeout-seconds", "7"], job=job).lease_timeout_seconds == 7
     with pytest.raises(SystemExit) as ex:
         resolve(["--vocab-size", "300", "--output", "o"], job="encode")
     err = capsys.readouterr().err  # one line, as every config error

@@ -277,6 +277,8 @@ def test_job_end_to_end_and_exit_codes(run_dir, held_out, tmp_path):
     assert table.column_names == ["doc_id", "ids"]
     assert printed["tokens"] == sum(len(x) for x in table.column("ids").to_pylist() if x)
     assert printed["rows"] == table.num_rows
+    config = json.loads((out / "_config.json").read_text())  # the resolved config
+    assert config["tokenizer"] == str(run_dir) and config["key_columns"] == ["doc_id"]
     # a directory that is not the output of an earlier encode is refused, not replaced
     r = run_encode_job("--tokenizer", str(run_dir), "--input", str(held_out), "--output",
                        str(run_dir.parent / "corpus"))
