@@ -81,6 +81,7 @@ def test_pathological_rows_count_train_and_encode_in_seconds(spark, tmp_path):
         assert tok.decode(ids) == row and time.time() - t0 < 15, name
 
 
+@pytest.mark.spark
 def test_pathological_rows_kept_whole_still_train_and_report_in_seconds(spark, tmp_path):
     """``max_word_bytes = 0`` keeps the 20 M-letter and 5 M-punctuation words: the merges and
     the report (which encodes its sample, these rows included) stay near linear in them."""
@@ -97,6 +98,7 @@ def test_pathological_rows_kept_whole_still_train_and_report_in_seconds(spark, t
     assert stats["stage_seconds"]["merges"] < 40 and stats["stage_seconds"]["report"] < 40
 
 
+@pytest.mark.spark
 def test_a_truncated_shard_next_to_a_good_one(spark, tmp_path):
     """By default one line naming the file and nothing written; with ``ignore_corrupt_files``
     the run finishes on the good shard, lists the bad one in stats.json, and the report's
@@ -271,6 +273,7 @@ def test_bad_rows_end_a_real_job_within_a_minute(tmp_path, procs):
 
 # random text and random bytes, end to end ----------------------------------------------------
 
+@pytest.mark.spark
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.text(max_size=200) | st.binary(max_size=200).map(
     lambda b: b.decode("utf-8", "surrogateescape")), min_size=1, max_size=30),

@@ -75,6 +75,7 @@ def python_without_our_package(path: Path) -> Path:
     return path
 
 
+@pytest.mark.spark
 def test_standalone_cluster_run_equals_local_mode(spark, standalone, tmp_path_factory,
                                                   tmp_path, procs):
     url, cluster_dir = standalone

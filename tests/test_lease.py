@@ -230,6 +230,7 @@ def test_train_counts_its_words_under_their_own_lease(spark, tmp_path):
     assert len(train(spark, cfg).merges) == 3
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("same", ["run", "run/", "./run/../run"])
 def test_a_checkpoint_dir_equal_to_the_output_is_leased_once(spark, tmp_path, monkeypatch,
                                                              same):

@@ -144,6 +144,7 @@ def test_page_shows_trace_curve_and_examples(trained):
     assert f"{total / left[-1]:.3f}" in page
 
 
+@pytest.mark.spark
 def test_write_report_through_spark(spark, trained, tmp_path):
     tok, texts, held, total, d = trained
     (tmp_path / "held").mkdir()
