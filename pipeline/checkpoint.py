@@ -99,11 +99,16 @@ def _older_digest_of(theirs: dict | None, ours: dict, legacy_digest: Callable[[]
     return same == ours and legacy_digest() == digest
 
 
-def _only_table_differs(theirs: dict | None, ours: dict) -> bool:
+CORPUS_KEYS = ("word_table", "base_size")  # what a run's corpus decides (base_size: chars)
+
+
+def _only_corpus_differs(theirs: dict | None, ours: dict) -> bool:
+    """Whether a checkpoint differs from this run only in what its corpus decides: the word
+    table, and with the chars alphabet the base vocabulary."""
     if not theirs:
         return False
     keys = set(theirs) | set(ours)
-    return all(theirs.get(k) == ours.get(k) for k in keys if k != "word_table")
+    return all(theirs.get(k) == ours.get(k) for k in keys if k not in CORPUS_KEYS)
 
 
 def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | None = None,
@@ -185,17 +190,18 @@ class Checkpointer:
                 continue
         return None
 
-    def load(self, discard_other_table: bool = False,
-             legacy_digest: Callable[[], str] | None = None
+    def load(self, legacy_digest: Callable[[], str] | None = None
              ) -> tuple[list[Merge], list[int]] | None:
         """The newest valid checkpoint: (merges, tokens removed by each), or None.
 
-        Raises ConfigError when the newest readable checkpoint belongs to another config or
-        corpus (never silently trains on top of foreign merges). ``discard_other_table``: the
-        run recounted its own input because the input changed, so checkpoints that differ from
-        this run only in the word table are stale: they are deleted instead.
-        ``legacy_digest``: this table's digest as an older spark-bpe computed it; a checkpoint
-        that differs only in recording that digest is this run's (it resumes)."""
+        Checkpoints that differ from this run only in its corpus (the input changed, other
+        input weights, another ``--words`` table) are stale: they are deleted and the run
+        trains afresh, whichever run noticed the change (a rerun after one killed between
+        recounting and training must not be stuck). Raises ConfigError when the newest
+        readable checkpoint was made with other settings (never silently trains on top of
+        foreign merges). ``legacy_digest``: this table's digest as an older spark-bpe computed
+        it; a checkpoint that differs only in recording that digest is this run's (it
+        resumes)."""
         for _, path in reversed(self._files()):
             try:
                 fp, settings, merges, removed = parse_full(
@@ -208,10 +214,11 @@ class Checkpointer:
                 log.info("checkpoint %s was written by an older spark-bpe (another word-table "
                          "digest) for this same word table: resuming from it", path)
                 fp = self.fp
-            if fp != self.fp and discard_other_table and _only_table_differs(
-                    settings, self.settings or {}):
-                log.info("the input changed: deleting the checkpoints of the previous input in "
-                         "%s", self.dir)
+            if fp != self.fp and _only_corpus_differs(settings, self.settings or {}):
+                log.warning("the word table is not the one these checkpoints were trained on "
+                            "(the input changed, other input weights or another --words "
+                            "table): deleting the checkpoints of the previous input in %s and "
+                            "training afresh", self.dir)
                 self.clear()
                 return None
             if fp != self.fp:

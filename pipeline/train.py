@@ -88,7 +88,6 @@ class RunResult:
 class WordTableChoice:
     table: WordTable
     count_seconds: float  # 0 when an existing table was used
-    input_changed: bool  # the run's own table was recounted because its input changed
 
 
 def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
@@ -98,7 +97,7 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
     sizes, modification times, footer row counts) and the split settings still match."""
     t0 = time.time()
     if cfg.words and is_ours(spark, cfg.words):
-        return WordTableChoice(open_word_table(spark, cfg.words), 0.0, False)
+        return WordTableChoice(open_word_table(spark, cfg.words), 0.0)
     own = fsutil.join(cfg.output, "words")
     # RUN/words is written as the word count writes any output: under its own lease too (a
     # count_words job pointed at it must not interleave), held here for the whole step
@@ -107,8 +106,9 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
             log.info("removed %s, left by an interrupted run", path)
         if cfg.words:  # made elsewhere: imported into the run directory, taken as given
             _refuse_other_settings(spark, cfg, 0)
+            _invalidate_run(spark, cfg.output)  # (the table may differ from the run's)
             import_word_table(spark, cfg, cfg.words, own, lease.check)
-            return WordTableChoice(open_word_table(spark, own), 0.0, False)
+            return WordTableChoice(open_word_table(spark, own), 0.0)
         return _own_word_table(spark, cfg, progress, frame, own, lease, t0)
 
 
@@ -117,12 +117,10 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
                     ) -> WordTableChoice:
     """The run's own table at ``own``: reused while its input and settings match, else
     counted (holding ``lease``)."""
-    changed = False
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = open_word_table(spark, own)
         same_input = same_source(wt.meta, cfg)
         if same_input and _cut_elsewhere(wt, cfg):
-            changed = True
             log.info("recounting: the word table at %s was counted by an older version that "
                      "cut special tokens after normalization and lowercasing", own)
         elif same_input and all(getattr(cfg, k) == v
@@ -135,19 +133,18 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
                     start_session(spark)  # the table will be read or summed through Spark
                 log.info("reusing the word table already counted at %s (input unchanged: "
                          "%d files, %d bytes)", own, now["files"], now["bytes"])
-                return WordTableChoice(wt, 0.0, False)
-            changed = True
+                return WordTableChoice(wt, 0.0)
             log.info("recounting: %s", describe_input_change(then, now))
     _refuse_other_settings(spark, cfg, cfg.max_word_bytes)
     sub = Config(**{**cfg.__dict__, "output": own})
-    if changed:  # a killed recount must not leave the earlier run.json beside a new table
-        _invalidate_run(spark, cfg.output)
+    if frame is None:  # a recount (a changed input, other weights or paths) must not leave
+        _invalidate_run(spark, cfg.output)  # the earlier run.json beside a new table (a
+        # DataFrame is counted on every run: the same one gives the same table, and the run
+        # stays complete)
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
     wt = count_words(spark, sub, progress, frame, lease)
-    # a DataFrame is counted on every run: checkpoints of another DataFrame are stale, as
-    # those of a changed input are (the same DataFrame gives the same table and resumes)
-    return WordTableChoice(wt, time.time() - t0, changed or frame is not None)
+    return WordTableChoice(wt, time.time() - t0)
 
 
 def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:
@@ -351,8 +348,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
     if cfg.resume == "never":
         ckpt.clear()
     else:
-        loaded = ckpt.load(discard_other_table=choice.input_changed,
-                           legacy_digest=functools.cache(lambda: legacy_digest(
+        loaded = ckpt.load(legacy_digest=functools.cache(lambda: legacy_digest(
                                wt.table if wt.table is not None else words())))
         if loaded:
             prep.prior, prep.prior_removed = loaded[0][:target], loaded[1][:target]

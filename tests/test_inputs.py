@@ -4,6 +4,7 @@ gives the same word table (counts and first-seen order) and the same merges as P
 from __future__ import annotations
 
 import logging
+import shutil
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -393,6 +394,59 @@ def test_another_dataframe_on_the_same_output_trains_afresh(spark, tmp_path):
         tmp_path / "fresh" / "merges.txt").read_text() and fresh.merges == 3
     again = api.train(two, output=str(tmp_path / "run"), **kw)
     assert again.already_done  # the same table: the run is complete
+
+
+def test_a_rerun_on_another_corpus_trains_afresh_whatever_made_it_differ(spark, tmp_path,
+                                                                         caplog):
+    """The same command on an output whose corpus changed deletes the stale checkpoints and
+    trains afresh, and its merges equal a fresh run's: a new character under the chars
+    alphabet (the base vocabulary changes too), other input weights, another input path, an
+    edited external table, and a rerun after one killed between publishing the recounted
+    table and deleting the old checkpoints (the rerun does not know the input changed)."""
+    caplog.set_level(logging.INFO, logger="pipeline.checkpoint")
+    rows = pq.read_table(SAMPLE / "part-00000.parquet").column("text").to_pylist()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.table({"text": rows[:3]}), tmp_path / "a" / "part-0.parquet")
+    pq.write_table(pa.table({"text": rows[3:6]}), tmp_path / "b" / "part-0.parquet")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    runs = iter(range(100))
+
+    def merges(out: str | None = None, **kw):
+        out = out or str(tmp_path / f"fresh-{next(runs)}")
+        return train(spark, Config(output=out, vocab_size=420, progress_bar=False,
+                                   checkpoint_every_merges=20, **kw)).merges
+
+    run = str(tmp_path / "chars")
+    merges(run, input=a, alphabet="chars")
+    pq.write_table(pa.table({"text": ["naïve café — résumé ü"] * 5}),
+                   tmp_path / "a" / "part-1.parquet")
+    assert merges(run, input=a, alphabet="chars") == merges(input=a, alphabet="chars")
+
+    run = str(tmp_path / "weights")
+    merges(run, input=f"{a},{b}", input_weights=[1, 1])
+    assert merges(run, input=f"{a},{b}", input_weights=[3, 1]) == merges(
+        input=f"{a},{b}", input_weights=[3, 1])
+    assert merges(run, input=b) == merges(input=b)  # another path (e.g. a dated folder)
+
+    run = str(tmp_path / "tsv")
+    tsv = tmp_path / "words.tsv"
+    tsv.write_text("".join(f"{w}\t{c}\n" for w, c in [("hello", 20), (" world", 9),
+                                                       ("yellow", 20), (" hello", 4)]))
+    merges(run, words=str(tsv))
+    tsv.write_text(tsv.read_text().replace("yellow\t20", "yellow\t25"))
+    assert merges(run, words=str(tsv)) == merges(words=str(tsv))
+
+    # killed after the recount was published: RUN/words is new, the checkpoints are old
+    run, other = tmp_path / "killed", tmp_path / "other"
+    merges(str(run), input=a)
+    merges(str(other), input=b)
+    shutil.rmtree(run / "words")
+    (run / "run.json").unlink()
+    shutil.copytree(other / "words", run / "words")
+    assert list((run / "checkpoints").glob("merges-*.txt"))
+    assert merges(str(run), input=b) == merges(input=b)
+    assert caplog.text.count("deleting the checkpoints of the previous input") == 5
 
 
 def test_the_readme_python_api_example_runs(spark, tmp_path, monkeypatch):
