@@ -126,6 +126,8 @@ class Terminated(KeyboardInterrupt):
 _terminating = threading.Event()  # SIGTERM seen (here, or by the JVM that runs us)
 _unwound = threading.Event()  # the job has said its last line
 _from_jvm = threading.Event()  # the signal reached the JVM (SIGTERM or SIGINT: it cannot tell)
+_jvm_gone = threading.Event()  # the JVM that ran us died without a word (SIGKILL, OOM killer)
+PARENT_POLL_SECONDS = 1.0
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -134,6 +136,26 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 JVM_HOLD_SECONDS = 30.0
+
+
+def watch_parent_jvm() -> None:
+    """Under spark-submit this Python driver is the JVM's child (``PYSPARK_GATEWAY_PORT`` set):
+    if the JVM dies without a shutdown (SIGKILL, the OOM killer), stop as SIGTERM would (the
+    lease released, nothing published) instead of running on as an orphan that holds the
+    run directory and blocks the scheduler's retry."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not _unwound.wait(PARENT_POLL_SECONDS):
+            if os.getppid() != parent:
+                _jvm_gone.set()
+                _terminating.set()
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="spark-bpe-parent-jvm", daemon=True).start()
 
 
 def on_jvm_shutdown() -> None:
@@ -180,8 +202,10 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
     _terminating.clear()
     _unwound.clear()
     _from_jvm.clear()
+    _jvm_gone.clear()
     if previous is not None:
         spark_session.on_jvm_shutdown = on_jvm_shutdown
+        watch_parent_jvm()
     try:
         return _run(job, description, body, argv)
     finally:
@@ -245,8 +269,10 @@ def _terminated_under(job: str, exc: BaseException) -> int:
 
 def _terminated(job: str) -> int:
     """(spark-submit's exit code says which signal it got: 143 SIGTERM, 130 SIGINT.)"""
-    which = "SIGTERM or SIGINT to spark-submit" if _from_jvm.is_set() else "SIGTERM"
-    print(f"error: {job} terminated ({which}); {_rerun(job)}", file=sys.stderr)
+    which = ("its JVM (spark-submit) is gone" if _jvm_gone.is_set()
+             else "SIGTERM or SIGINT to spark-submit" if _from_jvm.is_set() else "SIGTERM")
+    with contextlib.suppress(OSError):  # (with the JVM gone, nobody may read it)
+        print(f"error: {job} terminated ({which}); {_rerun(job)}", file=sys.stderr)
     return EXIT_TERMINATED
 
 

@@ -412,6 +412,33 @@ def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_killed_spark_submit_leaves_no_driver_behind(spark, corpus, tmp_path, procs):
+    """SIGKILL to spark-submit (the JVM; an OOM kill, a scheduler's hard kill) gives the
+    Python driver, its child, no shutdown: it must not run on as an orphan that holds the run
+    directory's lease (the retry would be refused) and publishes alone. It stops within
+    seconds, releases the lease, publishes nothing, and the same command resumes."""
+    ref, run, args = first_run(spark, corpus, tmp_path, 100)
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "killed",
+               env=job_env(SPARK_BPE_INJECT="merges=pause:60"))
+    procs.append(p)
+    p.wait_until(lambda: "merges: started" in p.log(), 120, "the merge stage")
+    os.kill(p.proc.pid, signal.SIGKILL)  # the JVM alone
+    p.proc.wait(10)
+    deadline = time.time() + 20
+    while p.members() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not p.members(), f"left running: {p.members()}"
+    assert not (run / ".lease.json").exists() and not (run / "run.json").exists()
+    assert newest_checkpoint(run / "checkpoints") == 100
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "resumed")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert resumed_from(p.log()) == 100
+    assert merges_txt(run) == merges_txt(ref)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["spark-submit", "python"])
 def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corpus, tmp_path,
                                                                      procs, launcher):
