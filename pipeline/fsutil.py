@@ -115,6 +115,32 @@ def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
     return sorted(str(st.getPath().getName()) for st in fs.listStatus(p))
 
 
+def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
+    """Every file under the directory ``path`` at any depth, skipping names that start with
+    ``_`` or ``.`` at any level (as Spark's readers do), as URIs; None when ``path`` is not a
+    directory."""
+    hidden = ("_", ".")
+    if is_local(path) or spark is None:
+        lp = os.path.abspath(local_path(path))
+        if not os.path.isdir(lp):
+            return None
+        found = []
+        for top, dirs, files in os.walk(lp):
+            dirs[:] = [d for d in dirs if not d.startswith(hidden)]
+            found += ["file://" + os.path.join(top, f) for f in files if not f.startswith(hidden)]
+        return sorted(found)
+    fs, p = _fs(spark, path)
+    if not fs.exists(p) or not fs.getFileStatus(p).isDirectory():
+        return None
+    root = str(fs.getFileStatus(p).getPath()).rstrip("/")
+    found, it = [], fs.listFiles(p, True)
+    while it.hasNext():
+        name = str(it.next().getPath())
+        if not any(part.startswith(hidden) for part in name[len(root):].split("/") if part):
+            found.append(name)
+    return sorted(found)
+
+
 def read_text(spark: SparkSession | None, path: str) -> str:
     if is_local(path) or spark is None:
         with open(local_path(path), encoding="utf-8") as fh:

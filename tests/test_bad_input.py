@@ -206,6 +206,41 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     assert tables[0] == tables[1]
 
 
+@pytest.mark.spark
+def test_files_in_plain_subfolders_are_an_error_not_a_corpus_read_in_part(spark, tmp_path):
+    """Spark's readers leave out files in subfolders that are not key=value partitions: next
+    to a file, the run trained on that file alone (and a later subfolder changed nothing);
+    alone, the error was Spark's UNABLE_TO_INFER_SCHEMA. Now one line names a file left out,
+    for train (either reader) and encode; a glob reads them all."""
+    from pipeline.encode_corpus import encode_corpus
+
+    rows = normal_rows()
+    lake = tmp_path / "lake"
+    (lake / "sub").mkdir(parents=True)
+    (lake / "_hidden").mkdir()
+    pq.write_table(pa.table({"text": rows[:25]}), lake / "top.parquet")
+    pq.write_table(pa.table({"text": rows[25:]}), lake / "sub" / "nested.parquet")
+    pq.write_table(pa.table({"text": ["never read"]}), lake / "_hidden" / "x.parquet")
+    message = (r"^config key 'input': 1 files under \S+ would not be read, in subfolders that "
+               r"are not partitions \(key=value\), e.g. \S+/lake/sub/nested\.parquet; give "
+               r"each folder as an input \(--input \S+/sub,\.\.\.\) or a glob")
+    for reader in ("auto", "spark"):
+        with pytest.raises(ConfigError, match=message):
+            train(spark, Config(input=str(lake), output=str(tmp_path / f"r-{reader}"),
+                                vocab_size=300, count_reader=reader, progress_bar=False))
+    run = tmp_path / "ok"
+    train(spark, Config(input=f"{lake}/*.parquet,{lake}/sub", output=str(run), vocab_size=300,
+                        progress_bar=False))
+    assert json.loads((run / "words" / "stats.json").read_text())["rows"] == len(rows)
+    with pytest.raises(ConfigError, match=message):
+        encode_corpus(spark, Config(input=str(lake), tokenizer=str(run),
+                                    output=str(tmp_path / "enc")))
+    (lake / "top.parquet").unlink()  # subfolders alone: the same line, not Spark's error
+    with pytest.raises(ConfigError, match=message):
+        train(spark, Config(input=str(lake), output=str(tmp_path / "r-alone"), vocab_size=300,
+                            progress_bar=False))
+
+
 def test_an_unreadable_input_folder_is_a_config_error(tmp_path, monkeypatch):
     from pipeline.count import corpus
 
@@ -285,8 +320,9 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
     table is the naive count's and the merges are the oracle's."""
     d = tmp_path_factory.mktemp("fuzz")
     data = [r.encode("utf-8", "surrogateescape") for r in rows]
-    pq.write_table(pa.table({"text": pa.array(data, pa.binary())}), d / "part-0.parquet")
-    cfg = Config(input=str(d), output=str(d / "run"), vocab_size=300, pattern=pattern,
+    (d / "in").mkdir()  # (an output inside the input is refused: validate, not used here)
+    pq.write_table(pa.table({"text": pa.array(data, pa.binary())}), d / "in" / "part-0.parquet")
+    cfg = Config(input=str(d / "in"), output=str(d / "run"), vocab_size=300, pattern=pattern,
                  special_tokens=[], progress_bar=False, min_pair_count=1)
     naive = naive_count([data], pattern, max_word_bytes=cfg.max_word_bytes)
     try:
@@ -295,7 +331,7 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
         assert "has no words" in str(exc) and not naive.counts
         return
     assert_word_table(d / "run" / "words", naive)
-    assert merges == oracle_merges(d, cfg)
+    assert merges == oracle_merges(d / "in", cfg)
     tok = Tokenizer.load(str(d / "run"))
     for raw, text in zip(data, rows):
         ids = tok.encode(text, disallowed_special=())

@@ -307,6 +307,8 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         msg = _reason(exc)
         if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
             raise ConfigError(f"{what}: path does not exist: {name}") from None
+        if frame is None and not cfg.input_table:  # (e.g. files only in plain subfolders)
+            _refuse_files_left_out(spark, what, name, [])
         if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
             raise ConfigError(f"config key 'input_format': Spark has no {cfg.input_format!r} "
                               "reader here (delta needs the delta-spark package: spark-submit "
@@ -316,6 +318,8 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
     check_text_column(df, cfg.text_column, name)
     files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
+    if frame is None and not cfg.input_table:
+        _refuse_files_left_out(spark, what, name, files)
     if frame is not None or not files:  # no files to order by: Spark's partitions, in order
         if frame is None and cfg.input_table:
             raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "
@@ -331,6 +335,31 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
         return df, files, path, F.lit(0), F.col("_metadata.row_index")
     return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list[str]) -> None:
+    """A directory whose files Spark's reader would not all read (files in subfolders that
+    are not ``key=value`` partitions, next to files or alone) is an error naming them, never
+    a corpus silently read in part."""
+    if any(c in name for c in "*?[{"):
+        return  # a glob reads what it matches
+    try:
+        under = fsutil.data_files_under(spark, name)
+    except Exception:  # noqa: BLE001 - a listing that fails is Spark's to report
+        return
+    if not under:
+        return
+    root = normalize_path("file://" + os.path.abspath(fsutil.local_path(name))
+                          if fsutil.is_local(name) else name).rstrip("/")
+    nested = [f[len(root):].strip("/") for f in sorted(set(map(normalize_path, under)) - set(read))
+              if f.startswith(root + "/")]
+    left_out = [f"{root}/{f}" for f in nested if "/" in f]  # in a subfolder
+    if left_out:
+        sub_dir = left_out[0][len(root):].strip("/").split("/")[0]
+        raise ConfigError(
+            f"{what}: {len(left_out)} files under {name} would not be read, in subfolders "
+            f"that are not partitions (key=value), e.g. {left_out[0]}; give each folder as "
+            f"an input (--input {name}/{sub_dir},...) or a glob ({name}/*/*)")
 
 
 def _read_json(spark: SparkSession, name: str, column: str) -> DataFrame:
