@@ -106,7 +106,6 @@ def _word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
             log.info("removed %s, left by an interrupted run", path)
         if cfg.words:  # made elsewhere: imported into the run directory, taken as given
             _refuse_other_settings(spark, cfg, 0)
-            _invalidate_run(spark, cfg.output)  # (the table may differ from the run's)
             import_word_table(spark, cfg, cfg.words, own, lease.check)
             return WordTableChoice(open_word_table(spark, own), 0.0)
         return _own_word_table(spark, cfg, progress, frame, own, lease, t0)

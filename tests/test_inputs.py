@@ -436,6 +436,9 @@ def test_a_rerun_on_another_corpus_trains_afresh_whatever_made_it_differ(spark, 
     merges(run, words=str(tsv))
     tsv.write_text(tsv.read_text().replace("yellow\t20", "yellow\t25"))
     assert merges(run, words=str(tsv)) == merges(words=str(tsv))
+    again = train(spark, Config(output=run, vocab_size=420, progress_bar=False,
+                                checkpoint_every_merges=20, words=str(tsv)))
+    assert again.already_done  # the same table again: a no-op
 
     # killed after the recount was published: RUN/words is new, the checkpoints are old
     run, other = tmp_path / "killed", tmp_path / "other"
