@@ -307,7 +307,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         msg = _reason(exc)
         if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
             raise ConfigError(f"{what}: path does not exist: {name}") from None
-        if frame is None and not cfg.input_table:  # (e.g. files only in plain subfolders)
+        if _lists_files(cfg, frame):  # (e.g. files only in plain subfolders)
             _refuse_files_left_out(spark, what, name, [])
         if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
             raise ConfigError(f"config key 'input_format': Spark has no {cfg.input_format!r} "
@@ -318,7 +318,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
     check_text_column(df, cfg.text_column, name)
     files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
-    if frame is None and not cfg.input_table:
+    if _lists_files(cfg, frame):
         _refuse_files_left_out(spark, what, name, files)
     if frame is not None or not files:  # no files to order by: Spark's partitions, in order
         if frame is None and cfg.input_table:
@@ -335,6 +335,12 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
         return df, files, path, F.lit(0), F.col("_metadata.row_index")
     return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _lists_files(cfg: Config, frame: DataFrame | None) -> bool:
+    """Whether Spark's reader lists the input's files itself (not a DataFrame, a table, or
+    Delta, whose log says which files are the table's)."""
+    return frame is None and not cfg.input_table and cfg.input_format != "delta"
 
 
 def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list[str]) -> None:
