@@ -333,6 +333,38 @@ def test_collect_arrow_brings_every_row_in_partition_order(spark):
     assert empty.num_rows == 0 and empty.column_names == ["id", "w"]
 
 
+def test_an_ignore_corrupt_task_sends_each_file_off_before_the_next(tmp_path):
+    """With ignore_corrupt_files a task counts each file apart (so that a file found damaged
+    part way is left out whole): a file's counts go out as soon as the task reaches the next
+    file, so that one file's words are in memory at a time; merged, they are the words of a
+    task that counts all its files together, and so are the statistics."""
+    from pipeline.count.corpus import ReadSlice
+    from pipeline.count.word_count import _count_slices
+
+    texts = [["one two three", "two three"], ["three four", "four five five"], ["six one"]]
+    slices = []
+    for i, rows in enumerate(texts):
+        path = tmp_path / f"f{i}.parquet"
+        pq.write_table(pa.table({"text": rows}), path)
+        slices.append(ReadSlice(i, str(path), (0,), 0, path.stat().st_size, len(rows)))
+    spec = PretokenizerSpec()
+    stream = _count_slices(spec, "text", slices, ignore_corrupt=True)
+    seen: list[set[int]] = []
+    for batch in stream:
+        files = set(batch.column("file").to_pylist())
+        seen.append(files)
+        if batch.column("kind")[0].as_py() == partials.KIND_STAT:
+            break  # the first file's statistics, before the task opened the next file
+    assert seen[-1] == {0, -1} and all(f <= {0, -1} for f in seen)
+    apart = list(_count_slices(spec, "text", slices, ignore_corrupt=True))
+    together = list(_count_slices(spec, "text", slices))
+    table_apart, stats_apart = merge_stage.merge_partials(pa.Table.from_batches(apart), 3)
+    table_together, stats_together = merge_stage.merge_partials(
+        pa.Table.from_batches(together), 3)
+    assert table_apart.sort_by("first_seen").equals(table_together.sort_by("first_seen"))
+    assert stats_apart == stats_together and stats_apart["rows"] == 5
+
+
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tasks=st.lists(st.lists(st.text(alphabet="ab c\n1é", max_size=30), max_size=12),

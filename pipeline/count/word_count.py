@@ -153,13 +153,18 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
     faults.at("count_task")  # tests: heartbeats while the tasks run
     pre = Pretokenizer(spec)
     # one counter per source weight; with ignore_corrupt one per file, so that the merge can
-    # leave out every word of a file that turns out unreadable part way (merge.py)
+    # leave out every word of a file that turns out unreadable part way (merge.py); a file's
+    # counter goes out when the task moves on to the next file (one file's words in memory)
     counters: dict[tuple[int, int], WordCounter] = {}
     unreadable: set[int] = set()
     rows_read = bytes_read = 0
     for s in slices:
         if s.file_index in unreadable:
             continue
+        if ignore_corrupt and counters and next(iter(counters))[1] != s.file_index:
+            yield from partial_batches([(wc, 0, key[0]) for key, wc in counters.items()],
+                                       per_file=True)
+            counters.clear()
         weight = weights[s.file_index] if weights else 1
         key = (weight, s.file_index if ignore_corrupt else -1)
         wc = counters.get(key)
