@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 
 from pipeline import faults, spark_session
-from pipeline.config import Config, ConfigError, resolve, validate
+from pipeline.config import Config, ConfigError, resolve_with_notes, validate
 from pipeline.progress import BarAwareHandler, current_stage
 
 log = logging.getLogger("pipeline.cli")
@@ -222,8 +222,11 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
 def _run(job: str, description: str, body: Callable[[Config], int | None],
          argv: list[str] | None) -> int:
     try:
-        cfg = validate(resolve(argv, description, job), job)
+        cfg, notes = resolve_with_notes(argv, description, job)
+        cfg = validate(cfg, job)
         setup_logging(cfg.log_level)
+        for note in notes:
+            log.info("%s", note)
         log.info("%s config: %s", job, json.dumps(dataclasses.asdict(cfg), sort_keys=True))
         return int(body(cfg) or 0)
     except ConfigError as exc:

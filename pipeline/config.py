@@ -353,9 +353,22 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
     A training run that names its own input (or word table) gets none of the sample run's
     settings: it must name its own output (the default one is the sample run's) and vocabulary
     size."""
+    return resolve_with_notes(argv, description, job)[0]
+
+
+def resolve_with_notes(argv: list[str] | None = None, description: str = "", job: str = TRAIN
+                       ) -> tuple[Config, list[str]]:
+    """:func:`resolve`, and a note for each --config file that sets keys this job does not
+    take (one file may serve several jobs: its other keys are ignored, and the log says so)."""
     args = build_parser(description, job).parse_args(argv)
     _refuse_repeated_flags(sys.argv[1:] if argv is None else argv)
     files = [(path, load_toml(path)) for path in args.config]
+    notes = []
+    for path, values in files:
+        other = sorted(k for k in values if k.replace("-", "_") in Config.__dataclass_fields__
+                       and k.replace("-", "_") not in job_keys(job))
+        if other:
+            notes.append(f"--config {path}: not {job} settings, ignored: {', '.join(other)}")
     cli = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     explicit = set(cli).union(*({k.replace("-", "_") for k in values} for _, values in files))
     own_corpus = bool(explicit & set(CORPUS_KEYS))
@@ -369,7 +382,7 @@ def resolve(argv: list[str] | None = None, description: str = "", job: str = TRA
         raise ConfigError(f"config key 'output': give --output DIR with {given}"
                           + (" (the default output directory is the sample run's)"
                              if job == TRAIN else ""))
-    return cfg
+    return cfg, notes
 
 
 def _refuse_repeated_flags(argv: list[str]) -> None:

@@ -153,6 +153,31 @@ def test_each_job_takes_its_own_flags_and_shows_defaults(capsys):
     assert ex.value.code == 0 and capsys.readouterr().out.startswith("spark-bpe 0.")
 
 
+def test_a_config_file_shared_by_jobs_says_which_keys_a_job_ignores(tmp_path, caplog):
+    """One file may serve train and encode: encode takes its ``text_column`` and ignores
+    ``vocab_size`` and ``engine``, and its log says so (an unknown key is still an error)."""
+    import logging
+
+    from pipeline.cli import run_job
+    from pipeline.config import resolve_with_notes
+
+    f = tmp_path / "shared.toml"
+    f.write_text('text_column = "body"\nvocab_size = 1000\nengine = "local"\n')
+    c, notes = resolve_with_notes(["--config", str(f), "--output", "o"], job="encode")
+    assert c.text_column == "body"
+    assert notes == [f"--config {f}: not encode settings, ignored: engine, vocab_size"]
+    assert resolve_with_notes(["--config", str(f), "--output", "o"], job="train")[1] == []
+    seen = []
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        assert run_job("encode", "encode", seen.append,
+                       ["--config", str(f), "--input", str(REPO / "data" / "sample"),
+                        "--tokenizer", "t", "--output", str(tmp_path / "o")]) == 0
+    assert seen and any(notes[0] in r.getMessage() for r in caplog.records)
+    f.write_text("vocab_sise = 1000\n")
+    with pytest.raises(ConfigError, match="unknown config key 'vocab_sise'"):
+        resolve_with_notes(["--config", str(f), "--output", "o"], job="encode")
+
+
 def test_defaults_live_in_one_place():
     """conf/default.toml holds only the sample run's settings; every other default is in
     Config; the cluster file names only known keys."""
