@@ -132,15 +132,19 @@ def count_merge_bytes(partial_bytes: int, buckets: int = 1) -> int:
                                                     + COUNT_MERGE_BYTES_PER_BYTE / buckets))
 
 
-def driver_fetch_limit(conf: dict[str, str]) -> int:
+def driver_fetch_limit(conf: dict[str, str], rows: bool = False) -> int:
     """The largest task output the driver may fetch through its JVM: an eighth of the heap (a
     fetch holds a task's whole output there about twice, as the task result and as its copy
     on the way to Python; two 126 MB outputs in flight ran a 1 GB heap out of memory), within
-    ``spark.driver.maxResultSize``."""
+    ``spark.driver.maxResultSize``. ``rows``: the output is rows of Spark's reader path, not
+    byte records, and a fetch holds more copies of it (Java-deserialized rows, then their
+    Python form): a thirty-second of the heap (one ~100 MB task output ran a 1 GB heap out of
+    memory in the thread that takes task results, and the job then hung)."""
     heap = parse_size(conf.get("spark.driver.memory")) or 1024 * MB
+    share = heap // 32 if rows else heap // 8
     max_result = conf.get("spark.driver.maxResultSize", "1g")
     limit = parse_size(max_result) if max_result.strip() != "0" else None
-    return min(heap // 8, limit) if limit else heap // 8
+    return min(share, limit) if limit else share
 
 
 def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
@@ -167,7 +171,7 @@ def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
         return "spark", buckets, (
             f"count merge auto -> spark: one task's partial counts ({largest_task / 2**20:,.0f}"
             f" MB) are over what a fetch may bring through the driver JVM ("
-            f"{fetch_limit / 2**20:,.0f} MB: an eighth of spark.driver.memory, within "
+            f"{fetch_limit / 2**20:,.0f} MB: a share of spark.driver.memory, within "
             f"spark.driver.maxResultSize; more tasks make them smaller); {numbers}")
     return "driver", buckets, f"count merge auto -> driver: {numbers}"
 

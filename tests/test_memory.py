@@ -73,6 +73,9 @@ def test_the_fetch_limit_is_an_eighth_of_the_heap_within_max_result_size():
                                "spark.driver.maxResultSize": "0"}) == 2 * GB  # unlimited
     assert driver_fetch_limit({"spark.driver.memory": "2g",
                                "spark.driver.maxResultSize": "100m"}) == 100 * MB
+    # rows of Spark's reader: a thirty-second (a ~100 MB task output ran 1 GB out of memory)
+    assert driver_fetch_limit({}, rows=True) == 32 * MB
+    assert driver_fetch_limit({"spark.driver.memory": "8g"}, rows=True) == 256 * MB
 
 
 def test_the_budget_comes_from_the_driver_memory_that_exists():

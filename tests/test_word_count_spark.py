@@ -365,6 +365,62 @@ def test_an_ignore_corrupt_task_sends_each_file_off_before_the_next(tmp_path):
     assert stats_apart == stats_together and stats_apart["rows"] == 5
 
 
+class _NoReport:
+    def update(self, rows: int, nbytes: int) -> None:
+        pass
+
+    def finish(self, rows: int, nbytes: int) -> None:
+        pass
+
+
+def test_a_spark_reader_task_sends_each_split_off_before_the_next():
+    """A Spark-reader task (JSON, text, ORC, remote Parquet) counts each (file, split) apart:
+    a split's counts go out when the task reaches the next one, so one split's words are in
+    memory at a time. Splits in no corpus order (Spark packs them by size), and one that comes
+    back, give the word table and statistics of the same rows read in corpus order."""
+    from pipeline.count.word_count import count_scanned_batches
+
+    def scan(pieces, opened):  # pieces: (file, block, texts); rows numbered per split
+        for f, block, texts in pieces:
+            opened.append((f, block))
+            yield pa.RecordBatch.from_pydict({
+                "text": texts, "source": [0] * len(texts),
+                "path": [f"file:///lake/f{f}.json"] * len(texts),
+                "block": [block] * len(texts), "row": pa.array([None] * len(texts), pa.int64())})
+
+    files = {(0, f"file:///lake/f{f}.json"): f for f in range(3)}
+    rows = {(1, 0): ["one two two", "three"], (0, 0): ["two three", "one four"],
+            (0, 4096): ["four four", "five"], (2, 0): ["six two", "one"]}
+    packed = [(1, 0, rows[1, 0]), (0, 4096, rows[0, 4096][:1]), (0, 0, rows[0, 0]),
+              (0, 4096, rows[0, 4096][1:]), (2, 0, rows[2, 0])]
+    opened: list = []
+    out = count_scanned_batches(PretokenizerSpec(), scan(packed, opened), files, [1, 1, 1],
+                                0, _NoReport())
+    first = next(out)
+    assert opened == [(1, 0), (0, 4096)]  # sent once the task met the next split
+    assert set(first.column("file").to_pylist()) == {1}
+    batches = [first, *out]
+    ordered = [(f, b, rows[f, b]) for f, b in sorted(rows)]
+    expected = list(count_scanned_batches(PretokenizerSpec(), scan(ordered, []), files, [1, 1, 1],
+                                          0, _NoReport()))
+    got_table, got_stats = merge_stage.merge_partials(pa.Table.from_batches(batches), 3)
+    want_table, want_stats = merge_stage.merge_partials(pa.Table.from_batches(expected), 3)
+    assert got_table.sort_by("first_seen").equals(want_table.sort_by("first_seen"))
+    assert got_stats == want_stats and got_stats["rows"] == 8
+
+    def keys(batches):  # each word's first occurrence (file, block, row, rank) as sent
+        t = pa.Table.from_batches(batches)
+        t = t.filter(pc.equal(t.column("kind"), partials.KIND_WORD))
+        return sorted(zip(*(t.column(c).to_pylist() for c in ("word", "count", "file",
+                                                               "block", "row", "rank"))))
+
+    assert keys(batches) == keys(expected)  # the split that came back went on numbering rows
+    counted = dict(zip(got_table.column("word").to_pylist(),
+                       got_table.column("count").to_pylist()))
+    assert counted == {b"one": 3, b" two": 3, b"two": 1, b"three": 1, b" three": 1,
+                       b" four": 2, b"four": 1, b"five": 1, b"six": 1}
+
+
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tasks=st.lists(st.lists(st.text(alphabet="ab c\n1é", max_size=30), max_size=12),
@@ -434,20 +490,32 @@ def test_the_old_count_merge_key_says_what_replaced_it(tmp_path):
         resolve(["--config", str(conf), "--output", str(tmp_path / "w")])
 
 
+@pytest.mark.parametrize("reader", ["arrow", "spark"])
 @pytest.mark.parametrize("merge", ["driver", "spark"])
 def test_partials_through_the_executors_disks_as_on_a_cluster(spark, mixed_corpus, naive_mixed,
-                                                              tmp_path, monkeypatch, merge):
+                                                              tmp_path, monkeypatch, merge,
+                                                              reader):
     """Off a local master the tasks' output stays on the executors' disks (DISK_ONLY Arrow
-    records) and is fetched through the driver JVM or merged by Spark: same word table."""
+    records, or rows from Spark's reader) and is fetched through the driver JVM or merged by
+    Spark: same word table."""
     monkeypatch.setattr(word_count, "partials_spill_dir", lambda sc: None)
+    fetched = []
+    iter_arrow = partials.iter_arrow
+    monkeypatch.setattr(partials, "iter_arrow",
+                        lambda df, **kw: fetched.append(kw) or iter_arrow(df, **kw))
     out = tmp_path / "words"
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
-                              special_tokens=["<|endoftext|>"], count_merge=merge))
+                              special_tokens=["<|endoftext|>"], count_merge=merge,
+                              count_reader=reader))
     assert_word_table(out, naive_mixed)
+    # Spark's reader's rows come to the driver one task's output at a time, never two
+    assert fetched == ([{"prefetch": False}] if (reader, merge) == ("spark", "driver") else [])
 
 
-def test_spilled_partials_are_removed(spark, mixed_corpus, tmp_path, monkeypatch):
-    """With a local master the tasks' Arrow files are read by the driver and then deleted."""
+@pytest.mark.parametrize("reader", ["arrow", "spark"])
+def test_spilled_partials_are_removed(spark, mixed_corpus, tmp_path, monkeypatch, reader):
+    """With a local master the tasks' Arrow files (whichever reader) are read by the driver
+    and then deleted; nothing of them is cached in Spark."""
     made = []
     spill_dir = word_count.partials_spill_dir
 
@@ -457,8 +525,10 @@ def test_spilled_partials_are_removed(spark, mixed_corpus, tmp_path, monkeypatch
 
     monkeypatch.setattr(word_count, "partials_spill_dir", recorded)
     count_words(spark, Config(input=str(mixed_corpus), output=str(tmp_path / "words"),
-                              special_tokens=["<|endoftext|>"]))
+                              special_tokens=["<|endoftext|>"], count_reader=reader,
+                              num_partitions=3))
     assert len(made) == 1 and made[0] is not None and not os.path.exists(made[0])
+    assert not spark.sparkContext._jsc.getPersistentRDDs()
 
 
 @pytest.mark.parametrize("reader", ["arrow", "spark"])

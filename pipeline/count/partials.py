@@ -71,6 +71,7 @@ def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = 
         maxima["max_row"] = max(maxima["max_row"], wc.max_row)
         maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
         maxima["max_block"] = max(maxima["max_block"], block)
+        wc = batch = None  # (a lazy ``counters`` frees each counter before making the next)
     rows = [(KIND_STAT, name, value, file) for file, total in totals.items()
             for name, value in total.as_dict().items()]
     rows += [(KIND_STAT, name, value, -1) for name, value in (extra or {}).items()]
@@ -160,9 +161,9 @@ def _decode_blobs(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
 @dataclass
 class Partials:
     """The count tasks' partial counts, kept until they are merged: where to merge them is
-    chosen from their measured size, and neither choice counts again. With a local master and
-    the pyarrow reader each task writes its output to one Arrow IPC file in ``spill_dir`` (on
-    this machine: the driver memory-maps them, no JVM in between); otherwise they stay on the
+    chosen from their measured size, and neither choice counts again. With a local master
+    each task writes its output to one Arrow IPC file in ``spill_dir`` (on this machine: the
+    driver memory-maps them, no JVM in between); otherwise they stay on the
     executors' disks (``DISK_ONLY``) as Arrow IPC records of at most ``BLOB_ROWS`` rows (the
     JVM passes them through untouched), or as rows from Spark's reader."""
 
@@ -188,7 +189,8 @@ class Partials:
                 (b for f in self.files for b in pa.ipc.open_stream(pa.memory_map(f))), buckets)
         with job_group(self.spark.sparkContext, "count-fetch"):  # not counted as count tasks
             if self.frame is not None:
-                return BucketedPartials.of(iter_arrow(self.frame), buckets)
+                # one task's output at a time, as for blobs (driver_fetch_limit)
+                return BucketedPartials.of(iter_arrow(self.frame, prefetch=False), buckets)
             assert self.blobs is not None
             return BucketedPartials.of(
                 (b for blob in self.blobs.toLocalIterator(prefetchPartitions=False)

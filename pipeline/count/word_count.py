@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +49,7 @@ from pipeline.count.merge import merge_partials, merge_with_spark
 from pipeline.count.partials import (
     PARTIAL_ARROW_SCHEMA,
     PARTIAL_SCHEMA,
+    Counted,
     OutputSize,
     Partials,
     partial_batches,
@@ -98,10 +99,41 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
 
     def count_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         faults.at("count_task")  # tests: heartbeats while the tasks run
-        pre = Pretokenizer(spec)
-        counters: dict[tuple[int, int], WordCounter] = {}
         report = counts.reporter(TaskContext.get().partitionId())
+        yield from count_scanned_batches(spec, batches, file_index, weights, max_word_bytes,
+                                         report)
+
+    return count_partition
+
+
+def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBatch],
+                          file_index: dict[tuple[int, str], int], weights: list[int],
+                          max_word_bytes: int, report: TaskReporter
+                          ) -> Iterator[pa.RecordBatch]:
+    """The Spark-reader task's counting: one counter per (file, split), since a task packs
+    splits in no corpus order and first occurrences are only right within a split read in
+    order. A split's counts go out as soon as the task moves on to the next split (Spark reads
+    one split to its end before the next), so a task holds one split's words, not those of
+    every split it packs. Were a split to come back, its rows would go on being numbered where
+    they stopped, and the merge takes each word's first occurrence over the pieces."""
+    pre = Pretokenizer(spec)
+    # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark;
+    # filled as the splits finish, read by partial_batches after the last one
+    file_rows: dict[str, int] = {}
+
+    def finished_splits() -> Iterator[Counted]:
         rows_read = bytes_read = 0
+        split: tuple[int, int] | None = None
+        wc: WordCounter | None = None
+        rows_of: dict[tuple[int, int], int] = {}  # rows numbered so far, per split
+        base = 0
+
+        def done(wc: WordCounter, split: tuple[int, int]) -> Counted:
+            rows_of[split] = base + wc.stats.rows
+            key = f"file_rows:{split[0]}"
+            file_rows[key] = file_rows.get(key, 0) + wc.stats.rows
+            return wc, split[1], weights[split[0]]
+
         for batch in batches:
             texts = text_values(batch.column(0))
             sources = batch.column(1).to_pylist()
@@ -114,30 +146,27 @@ def _count_partition_fn(spec: PretokenizerSpec, file_index: dict[tuple[int, str]
             start = 0
             for end in ends:
                 fidx = file_index[(sources[start], normalize_path(paths[start].as_py()))]
-                block = blocks[start] or 0
-                wc = counters.get((fidx, block))
-                if wc is None:
-                    wc = counters[(fidx, block)] = WordCounter(pre, fidx,
-                                                               max_word_bytes=max_word_bytes)
+                here = (fidx, blocks[start] or 0)
+                if here != split:
+                    if wc is not None and split is not None:
+                        yield done(wc, split)
+                    split, base = here, rows_of.get(here, 0)
+                    wc = WordCounter(pre, fidx, max_word_bytes=max_word_bytes)
+                assert wc is not None
                 add = wc.add_row
                 before = wc.stats.bytes
                 for i in range(start, end):
                     row = rows[i]
-                    add(wc.stats.rows if row is None else row, texts[i])
+                    add(base + wc.stats.rows if row is None else row, texts[i])
                 bytes_read += wc.stats.bytes - before
                 start = end
             rows_read += batch.num_rows
             report.update(rows_read, bytes_read)
         report.finish(rows_read, bytes_read)
-        # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark
-        file_rows: dict[str, int] = {}
-        for (fidx, _), wc in counters.items():
-            key = f"file_rows:{fidx}"
-            file_rows[key] = file_rows.get(key, 0) + wc.stats.rows
-        yield from partial_batches([(wc, block, weights[fidx])
-                                     for (fidx, block), wc in counters.items()], file_rows)
+        if wc is not None and split is not None:
+            yield done(wc, split)
 
-    return count_partition
+    yield from partial_batches(finished_splits(), file_rows)
 
 
 REPORT_ROWS = 256  # rows between progress updates of an Arrow-reader task
@@ -226,9 +255,12 @@ def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thre
 
 
 def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
-                   size: Accumulator, counts: TaskCounts) -> DataFrame:
+                   size: Accumulator, counts: TaskCounts, spill: str | None = None
+                   ) -> DataFrame:
     """Spark's reader: the tasks' partial counts as a DataFrame (``PARTIAL_SCHEMA``); the
-    bytes of each task's Arrow output are added to ``size`` (:class:`OutputSize`)."""
+    bytes of each task's Arrow output are added to ``size`` (:class:`OutputSize`). With
+    ``spill`` (a local master) each task writes them to one Arrow IPC file there instead, and
+    the frame has one row per task: the file's path."""
     assert corpus.df is not None
     file_index = {(src, f): i for i, (src, f) in enumerate(corpus.keys)}
     src = corpus.df
@@ -246,7 +278,30 @@ def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
         size.add((task_bytes, task_bytes))
         release_freed_memory()  # the worker idles while the driver trains
 
+    def spilled(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        assert spill is not None
+        path = write_spill_file(spill, TaskContext.get().partitionId(), count(batches))
+        task_bytes = os.path.getsize(path)
+        size.add((task_bytes, task_bytes))
+        release_freed_memory()
+        yield pa.RecordBatch.from_pydict({"path": [path]})
+
+    if spill is not None:
+        return src.mapInArrow(spilled, "path string")
     return src.mapInArrow(measured, PARTIAL_SCHEMA)
+
+
+def write_spill_file(spill: str, task: int, batches: Iterable[pa.RecordBatch]) -> str:
+    """A count task's partial counts as one Arrow IPC stream in ``spill`` (a local master: the
+    driver memory-maps it, no JVM in between), written whole and then renamed, so that a
+    retried or speculative attempt never leaves a torn file."""
+    path = os.path.join(spill, f"task-{task:05d}.arrow")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, PARTIAL_ARROW_SCHEMA) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    os.replace(tmp, path)
+    return path
 
 
 def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
@@ -255,28 +310,29 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
     measured by an accumulator; they report what they have read to ``counts``."""
     sc = spark.sparkContext
     size = sc.accumulator((0, 0), OutputSize())
+    spill = partials_spill_dir(sc)
+    if plan is None and spill is not None:
+        spilled = Partials(spark, 0, 0, spill_dir=spill)
+        frame = _partial_frame(corpus, cfg, spec, size, counts, spill)
+
+        def run() -> None:  # the files in task order (a task with no rows writes one too)
+            spilled.files = sorted(r["path"] for r in frame.collect())
+
+        return _measured(spilled, run, size)
     if plan is None:
         frame = _partial_frame(corpus, cfg, spec, size, counts).persist(StorageLevel.DISK_ONLY)
         return _measured(Partials(spark, 0, 0, frame=frame), frame.count, size)
     text_column, cap, ignore = cfg.text_column, cfg.max_word_bytes, cfg.ignore_corrupt_files
     weights = corpus.weights
     n = len(plan)
-    spill = partials_spill_dir(sc)
     counts.total_rows = sum(s.num_rows for task in plan for s in task)
 
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
             batches = _count_slices(spec, text_column, plan[i], cap, ignore, weights,
                                     counts.reporter(i))
-            if spill is not None:  # one Arrow stream per task, written whole, then renamed
-                path = os.path.join(spill, f"task-{i:05d}.arrow")
-                tmp = f"{path}.{os.getpid()}.tmp"  # a retried or speculative attempt: its own
-                with pa.OSFile(tmp, "wb") as sink, \
-                        pa.ipc.new_stream(sink, PARTIAL_ARROW_SCHEMA) as writer:
-                    for b in batches:
-                        writer.write_batch(b)
-                os.replace(tmp, path)
-                task_bytes = os.path.getsize(path)
+            if spill is not None:
+                task_bytes = os.path.getsize(write_spill_file(spill, i, batches))
             else:
                 task_bytes = 0
                 for b in batches:
@@ -418,7 +474,9 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
     conf = dict(spark.sparkContext.getConf().getAll())
     where, buckets, why = choose_count_merge(
         cfg.count_merge, partials.nbytes, driver_budget(cfg.driver_budget_mb, conf),
-        partials.largest, driver_fetch_limit(conf) if partials.through_jvm else None)
+        partials.largest,
+        driver_fetch_limit(conf, rows=partials.frame is not None) if partials.through_jvm
+        else None)
     t_counted = time.time()
     log.info("counted in %.1f s (%s); %s", t_counted - t0, reader, why)
     counts.phase = f"merging the partial counts ({where})"

@@ -164,11 +164,12 @@ def write_table_data(spark: SparkSession, table: pa.Table, path: str) -> None:
         spark.createDataFrame(table).write.parquet(path)
 
 
-def iter_arrow(df: DataFrame) -> Iterator[pa.RecordBatch]:
+def iter_arrow(df: DataFrame, prefetch: bool = True) -> Iterator[pa.RecordBatch]:
     """``df``'s rows on the driver as Arrow batches, brought over one partition at a time: the
     driver JVM holds one partition's rows at once, never the whole table (``toArrow`` and
     ``collect`` gather every partition in the JVM heap first, which is what ran a 1 GB default
-    driver out of memory on a 6 M-word table)."""
+    driver out of memory on a 6 M-word table). ``prefetch``: the next partition is computed
+    while this one is read (two in the heap at once: not for partitions of 100 MB)."""
 
     def to_ipc(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
@@ -176,7 +177,8 @@ def iter_arrow(df: DataFrame) -> Iterator[pa.RecordBatch]:
                 yield pa.RecordBatch.from_arrays([pa.array([arrow_ipc([b], b.schema)],
                                                            pa.binary())], ["ipc"])
 
-    for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(prefetchPartitions=True):
+    for row in df.mapInArrow(to_ipc, "ipc binary").toLocalIterator(
+            prefetchPartitions=prefetch):
         yield from pa.ipc.open_stream(row["ipc"])
 
 
