@@ -110,6 +110,11 @@ def jvm_memory_failure(exc: BaseException) -> str:
         flag = "--executor-memory" if executor else "--driver-memory"
         return (f"a JVM ran out of memory (java.lang.OutOfMemoryError; {key} = "
                 f"{conf.get(key, '1g (default)')}): raise it with spark-submit {flag}{resume}")
+    if "TaskResultLost" in text:  # the driver JVM could not take a task's result (its heap)
+        return ("the driver JVM lost a task's result while fetching it (TaskResultLost: "
+                "usually a java.lang.OutOfMemoryError in its log; spark.driver.memory = "
+                f"{conf.get('spark.driver.memory', '1g (default)')}): raise it with "
+                f"spark-submit --driver-memory{resume}")
     gone = ("Py4JNetworkError", "Answer from Java side is empty", "Connection refused",
             "Error while sending or receiving")
     if any(g in text for g in gone):

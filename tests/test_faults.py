@@ -103,6 +103,30 @@ def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, c
     assert "merges-000000030.txt is corrupt (checksum mismatch)" in caplog.text
 
 
+def test_a_jvm_out_of_memory_is_one_line_naming_the_setting(monkeypatch, capsys):
+    """A JVM that ran out of memory, or a task result the driver JVM lost fetching it (it
+    reports TaskResultLost; the OutOfMemoryError is only in its log), ends with one error line
+    that names the memory setting and the spark-submit flag to raise, exit 1."""
+    from pipeline import cli, spark_session
+
+    monkeypatch.setattr(spark_session, "_settings", {"spark.driver.memory": "1g"})
+    lost = RuntimeError("An error occurred while calling o400.getResult.\n: org.apache.spark."
+                        "SparkException: Job aborted due to stage failure: Task 0 in stage 6.0"
+                        " failed 1 times, most recent failure: Lost task 0.0 in stage 6.0 (TID "
+                        "12) (localhost executor driver): TaskResultLost (result lost from "
+                        "block manager)")
+    assert cli._failed("train", lost) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: train failed: the driver JVM lost a task's result while "
+                           "fetching it (TaskResultLost"), last
+    assert "spark.driver.memory = 1g" in last and "--driver-memory" in last
+    assert "rerun the same command to resume" in last
+    oom = RuntimeError("Lost task 1.0 (executor 3): java.lang.OutOfMemoryError: Java heap space")
+    assert "spark.executor.memory = 1g (default)): raise it with spark-submit " \
+        "--executor-memory" in cli.jvm_memory_failure(oom)
+    assert cli.jvm_memory_failure(RuntimeError("FileNotFoundException: x")) == ""
+
+
 def test_a_foreign_checkpoint_is_refused_with_the_reason(tmp_path):
     ours = {"min_pair_count": 2, "word_table": {"digest": "abc"}, "alphabet": "bytes"}
     theirs = {**ours, "min_pair_count": 5, "word_table": {"digest": "def"}}
