@@ -110,6 +110,7 @@ def test_a_jvm_out_of_memory_is_one_line_naming_the_setting(monkeypatch, capsys)
     from pipeline import cli, spark_session
 
     monkeypatch.setattr(spark_session, "_settings", {"spark.driver.memory": "1g"})
+    monkeypatch.setattr(cli, "current_stage", lambda: "count")
     lost = RuntimeError("An error occurred while calling o400.getResult.\n: org.apache.spark."
                         "SparkException: Job aborted due to stage failure: Task 0 in stage 6.0"
                         " failed 1 times, most recent failure: Lost task 0.0 in stage 6.0 (TID "
@@ -117,8 +118,8 @@ def test_a_jvm_out_of_memory_is_one_line_naming_the_setting(monkeypatch, capsys)
                         "block manager)")
     assert cli._failed("train", lost) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("error: train failed: the driver JVM lost a task's result while "
-                           "fetching it (TaskResultLost"), last
+    assert last.startswith("error: train failed in stage 'count': the driver JVM lost a "
+                           "task's result while fetching it (TaskResultLost"), last
     assert "spark.driver.memory = 1g" in last and "--driver-memory" in last
     assert "rerun the same command to resume" in last
     oom = RuntimeError("Lost task 1.0 (executor 3): java.lang.OutOfMemoryError: Java heap space")
