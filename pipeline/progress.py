@@ -115,7 +115,9 @@ class Stage:
         self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
                                                                       unit, poll)
         self.t0 = time.time()
-        self.start = start  # done before this attempt (merges from a checkpoint): not its rate
+        # (time, done) the rate is measured from; ``start`` was done before this attempt
+        # (merges from a checkpoint): not in the rate
+        self.rate_from: tuple[float, float] = (self.t0, start)
         self.done: float | None = start if total else None
         self.fields: dict = {}
         self.last_beat = self.t0
@@ -130,6 +132,11 @@ class Stage:
         if force or time.time() - self.last_beat >= self.progress.every:
             self.beat()
 
+    def restart_rate(self) -> None:
+        """Measure the rate (and the ETA) from now: what came before was set-up."""
+        with self.lock:
+            self.rate_from = (time.time(), self.done or 0)
+
     def beat(self, event: str = "beat") -> None:
         if self.poll is not None and event != "start":
             with contextlib.suppress(Exception):  # progress must never fail the job
@@ -138,6 +145,7 @@ class Stage:
                     self.done = fresh.pop("done", self.done)
                     self.unit = fresh.pop("unit", self.unit)
                     self.total = fresh.pop("total", self.total)
+                    self.rate_from = fresh.pop("rate_from", self.rate_from)
                     self.fields.update(fresh)
         with self.lock:
             self.last_beat = now = time.time()
@@ -153,9 +161,10 @@ class Stage:
                     rec["total"] = total
                     if event == "beat":
                         parts[-1] += f" ({100 * done / total:.0f}%)"
-                new = done - self.start
-                if elapsed > 0 and new > 0:
-                    rate = new / elapsed
+                since, base = self.rate_from
+                new = done - base
+                if now > since and new > 0:
+                    rate = new / (now - since)
                     rec["rate"] = round(rate, 2)
                     if self.unit and event == "beat" and rate >= 1:
                         parts.append(f"{rate:,.0f} {self.unit}/s")

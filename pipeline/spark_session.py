@@ -312,6 +312,15 @@ class TaskCounts:
     ended: Accumulator
     total_rows: int | None = None  # rows to read, when known before the tasks run
     phase: str = ""  # what the driver does after the tasks, for the heartbeat
+    on_phase: Callable[[str], None] | None = None  # set by read_progress (driver side)
+
+    def begin(self, phase: str) -> None:
+        """Start a phase of the stage: "" when the tasks that read start, else what the
+        driver does after them (merging their output, say). Its heartbeat counts the Spark
+        tasks of this phase's jobs only, and its rate starts now."""
+        self.phase = phase
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     @classmethod
     def create(cls, sc: SparkContext, local: bool | None = None) -> TaskCounts:
@@ -350,38 +359,70 @@ class TaskCounts:
 
 def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[[], dict]:
     """A poll for :class:`pipeline.progress.Stage` of a stage that reads input: rows (out of
-    ``counts.total_rows`` when known, with the ETA from them), bytes read, and tasks done out
-    of all from Spark's status tracker."""
-    tasks = task_progress(sc, group)
-    t0 = time.time()
+    ``counts.total_rows`` when known, with the ETA from them), bytes read and their rate, and
+    tasks done out of all from Spark's status tracker. After :meth:`TaskCounts.begin` of a
+    phase the tasks are those of the jobs it started since, not earlier ones (whose totals
+    would make the share done go backwards), and no share or ETA (Spark knows a job's tasks
+    only when it starts it); at the end, the reading's."""
+    tracker = sc.statusTracker()
+
+    def jobs() -> frozenset[int]:
+        return frozenset(tracker.getJobIdsForGroup(group))
+
+    state: dict = {"began": time.time(), "read_began": time.time(), "read_seconds": None,
+                   "before_read": frozenset(), "before_phase": frozenset(), "read_jobs": None}
+
+    def on_phase(name: str) -> None:
+        now, known = time.time(), jobs()
+        if not name:
+            state.update(read_began=now, before_read=known)
+        elif state["read_seconds"] is None:
+            state.update(read_seconds=now - state["read_began"],
+                         read_jobs=known - state["before_read"])
+        state.update(began=now, before_phase=known)
+
+    counts.on_phase = on_phase
+    reading = task_progress(sc, group, lambda job: job not in state["before_read"] and (
+        state["read_jobs"] is None or job in state["read_jobs"]))
+    phase_tasks = task_progress(sc, group, lambda job: job not in state["before_phase"])
 
     def poll() -> dict:
-        t = tasks()
+        t = reading()
         rows, nbytes = counts.totals()
-        out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}",
-                     "running": t["running"], "rows": rows, "bytes_read": nbytes,
-                     "bytes_per_s": int(nbytes / max(time.time() - t0, 1e-3))}
-        if counts.total_rows:
-            out.update(unit="rows", done=min(rows, counts.total_rows), total=counts.total_rows)
-            del out["rows"]
+        seconds = state["read_seconds"] or time.time() - state["read_began"]
+        out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}", "running": t["running"],
+                     "rows": rows, "bytes_read": nbytes,
+                     "bytes_per_s": int(nbytes / max(seconds, 1e-3))}
+        if counts.phase:  # after the reading: the tasks this phase has run, no share done
+            # of all (its later jobs are not known yet: 8/8 would become 8/20), its note
+            p = phase_tasks()
+            out.update(unit="tasks", done=p["done"], total=None, running=p["running"],
+                       tasks=None, rate_from=(state["began"], 0), note=counts.phase)
+        elif state["read_seconds"] is not None:  # the end: what was read
+            out.update(unit="rows", done=rows, total=counts.total_rows, rows=None,
+                       running=None)
+        elif counts.total_rows:
+            out.update(unit="rows", done=min(rows, counts.total_rows), total=counts.total_rows,
+                       rows=None)
         else:
-            out.update(unit="tasks", done=t["done"], total=t.get("total"))
-            del out["tasks"]
-        if counts.phase:
-            out["note"] = counts.phase
+            out.update(unit="tasks", done=t["done"], total=t.get("total"), tasks=None,
+                       rate_from=(state["began"], 0))
         return out
 
     return poll
 
 
-def task_progress(sc: SparkContext, group: str) -> Callable[[], dict]:
+def task_progress(sc: SparkContext, group: str,
+                  include: Callable[[int], bool] = lambda job: True) -> Callable[[], dict]:
     """A poll for :class:`pipeline.progress.Stage`: tasks done, total and running in the
-    group's jobs, from Spark's status tracker."""
+    group's jobs (those whose ids ``include`` accepts), from Spark's status tracker."""
     tracker = sc.statusTracker()
 
     def poll() -> dict:
         done = total = running = 0
         for job_id in tracker.getJobIdsForGroup(group):
+            if not include(job_id):
+                continue
             job = tracker.getJobInfo(job_id)
             ended = job is not None and job.status == "SUCCEEDED"
             for stage_id in (job.stageIds if job else ()):

@@ -444,6 +444,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
     mlog.stage.update(note="building the partitions' state and counting the pairs")
     parts = SparkPartitions(spark, prep.words(), cfg.num_partitions, prep.base,
                             replay=[(m.left, m.right) for m in mlog.merges])
+    mlog.stage.restart_rate()
     t0 = time.time()
     try:
         res = run_rounds(
@@ -463,6 +464,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
 def _train_local(lt: LocalTrainer, mlog: MergeLog, cfg: Config) -> None:
     """Continue on the driver; ``lt`` holds the working set after ``mlog``'s merges.
     Bookkeeping (progress, checkpoints) runs between chunks of merges, not after each one."""
+    mlog.stage.restart_rate()  # the rate and ETA of the merges, not of loading the words
     offset = len(mlog) - len(lt.merges)
     chunk = 256
     while mlog.wanted > 0:

@@ -71,6 +71,31 @@ def test_merges_from_a_checkpoint_count_as_done_but_not_in_the_rate(tmp_path):
     assert last["event"] == "end" and last["done"] == last["total"] == 600
 
 
+def test_the_rate_restarts_after_set_up_and_a_poll_can_restart_it(tmp_path):
+    """Loading the words before the first merge is not in the merges' rate (an ETA from it
+    said 461 s for a stage that ended 10 s later); a poll's ``rate_from`` moves it too."""
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=10, bar=False)
+    with prog.stage("merges", total=1000, unit="merges") as st:
+        time.sleep(0.6)  # set-up, nothing done
+        st.restart_rate()
+        time.sleep(0.2)
+        st.update(100, force=True)  # 100 merges in about 0.2 s
+    beat = [json.loads(x) for x in jsonl.read_text().splitlines()][1]
+    assert beat["rate"] >= 300 and beat["eta"] <= 3  # not 100 / 0.8 s, ETA 7 s
+    phases = iter([{"done": 50, "total": 100},  # the reading, since the stage began
+                   {"done": 5, "total": 10, "rate_from": (time.time() + 0.3, 0)}])
+    polled = Progress("test", str(tmp_path / "p2.jsonl"), every=10, bar=False)
+    with polled.stage("count", unit="tasks", poll=lambda: next(phases)) as st:
+        time.sleep(0.3)
+        st.beat()
+        time.sleep(0.3)
+        st.beat()
+    first, second = [json.loads(x) for x in (tmp_path / "p2.jsonl").read_text().splitlines()][1:3]
+    assert 100 <= first["rate"] <= 170 and first["eta"] <= 1.1  # 50 tasks in 0.3 s
+    assert second["done"] == 5 and 10 <= second["rate"] <= 34 and second["eta"] >= 0.14
+
+
 def test_no_heartbeat_follows_a_failed_stage(tmp_path):
     """A heartbeat whose poll was still running when the stage failed is dropped: a dashboard
     reading the last event of a stage sees the error."""

@@ -594,6 +594,47 @@ def test_tasks_report_what_they_have_read_while_they_run(spark, tmp_path, local)
     assert counts.directory is None or not os.path.exists(counts.directory)
 
 
+def test_a_count_heartbeat_counts_the_tasks_of_its_phase_only(spark):
+    """The share done never goes backwards when a phase starts new jobs: the reading's
+    tasks exclude a warm-up job's, the merge's exclude the reading's and have no total (on
+    the 1 GB cluster run the count said 80%, then 56% and 69% as the merge's jobs were added
+    to the total)."""
+    import time
+
+    from pipeline.spark_session import TaskCounts, job_group, read_progress
+
+    sc = spark.sparkContext
+    counts = TaskCounts.create(sc, local=False)
+
+    def settled(poll, want: dict) -> dict:  # the status tracker hears of jobs a bit later
+        deadline = time.time() + 30
+        while True:
+            out = poll()
+            if all(out.get(k) == v for k, v in want.items()) or time.time() > deadline:
+                return out
+            time.sleep(0.05)
+
+    with job_group(sc, "phases") as group:
+        poll = read_progress(sc, group, counts)
+        sc.parallelize(range(4), 4).count()  # a warm-up job, before the reading
+        counts.begin("")
+        sc.parallelize(range(3), 3).count()  # the reading
+        reading = settled(poll, {"done": 3})
+        counts.begin("merging the partial counts (spark)")
+        merge_started = poll()
+        sc.parallelize(range(2), 2).count()
+        merging = settled(poll, {"done": 2})
+        counts.phase = ""
+        end = poll()
+    assert (reading["unit"], reading["done"], reading["total"]) == ("tasks", 3, 3)
+    assert (merge_started["done"], merge_started["total"]) == (0, None)  # no share of all
+    assert merge_started["note"] == "merging the partial counts (spark)"
+    assert (merging["unit"], merging["done"], merging["total"]) == ("tasks", 2, None)
+    assert merging["rate_from"][0] >= reading["rate_from"][0] and merging["tasks"] is None
+    assert (end["unit"], end["tasks"], end["running"]) == ("rows", "3/3", None)  # the reading's
+    counts.close()
+
+
 def test_a_word_table_replaces_only_a_word_table(spark, tmp_path):
     """count_words over a directory of other files, or over a file, is refused before any work
     and nothing is lost; over an earlier word table (or an empty directory) it is replaced."""

@@ -311,6 +311,7 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
     sc = spark.sparkContext
     size = sc.accumulator((0, 0), OutputSize())
     spill = partials_spill_dir(sc)
+    counts.begin("")  # the reading: its heartbeat counts these tasks, not the warm-up's
     if plan is None and spill is not None:
         spilled = Partials(spark, 0, 0, spill_dir=spill)
         frame = _partial_frame(corpus, cfg, spec, size, counts, spill)
@@ -479,7 +480,7 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
         else None)
     t_counted = time.time()
     log.info("counted in %.1f s (%s); %s", t_counted - t0, reader, why)
-    counts.phase = f"merging the partial counts ({where})"
+    counts.begin(f"merging the partial counts ({where})")
     if where == "driver":
         try:
             collected = partials.fetch(buckets)
@@ -489,7 +490,7 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
                 raise
             log.warning("partial counts too big for the driver (%s); merging with Spark "
                         "instead (set count_merge = spark)", first_line(exc))
-            counts.phase = "merging the partial counts (spark)"
+            counts.begin("merging the partial counts (spark)")
         else:
             merged, stats = merge_partials(collected, n_files)
             del collected
