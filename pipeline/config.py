@@ -77,7 +77,9 @@ class Config:
                                    "driver when they fit its memory budget)", CT,
                            ("auto", "driver", "spark"))
     count_reader: str = opt("auto", "auto: local Parquet read by pyarrow in the tasks, else "
-                                    "Spark's scan", CT, ("auto", "spark", "arrow"))
+                                    "Spark's scan; spark: always Spark's scan; arrow: "
+                                    "pyarrow only (local Parquet, else an error)", CT,
+                            ("auto", "spark", "arrow"))
     ignore_corrupt_files: bool = opt(False, "skip input files that cannot be read (listed in "
                                             "stats.json) instead of one error naming the "
                                             "file", CT)
