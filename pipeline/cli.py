@@ -92,9 +92,9 @@ def driver_memory_advice() -> str:
             "the same command to resume")
 
 
-def jvm_memory_failure(exc: BaseException) -> str:
+def jvm_memory_failure(exc: BaseException, job: str = "train") -> str:
     """A one-line explanation when ``exc`` says a JVM ran out of memory or the driver's JVM
-    is gone (it usually dies of that), else ''."""
+    is gone (it usually dies of that), else ''. ``job``: says what a rerun does."""
     text = f"{type(exc).__name__}: {exc}"
     java = getattr(exc, "java_exception", None)
     if java is not None:
@@ -103,7 +103,8 @@ def jvm_memory_failure(exc: BaseException) -> str:
     from pipeline.spark_session import spark_settings
 
     conf = spark_settings()
-    resume = "; the checkpoints are intact: rerun the same command to resume"
+    resume = ("; the checkpoints are intact: rerun the same command to resume" if job == "train"
+              else f"; {_rerun(job)}")
     if "OutOfMemoryError" in text:
         executor = "executor" in text.lower() and "driver" not in text.lower()
         key = "spark.executor.memory" if executor else "spark.driver.memory"
@@ -112,7 +113,8 @@ def jvm_memory_failure(exc: BaseException) -> str:
                 f"{conf.get(key, '1g (default)')}): raise it with spark-submit {flag}{resume}")
     if "TaskResultLost" in text:  # the driver JVM could not take a task's result (its heap)
         return ("the driver JVM lost a task's result while fetching it (TaskResultLost: "
-                "usually a java.lang.OutOfMemoryError in its log; spark.driver.memory = "
+                "usually a java.lang.OutOfMemoryError in its log, else an executor that held "
+                "it was lost; spark.driver.memory = "
                 f"{conf.get('spark.driver.memory', '1g (default)')}): raise it with "
                 f"spark-submit --driver-memory{resume}")
     gone = ("Py4JNetworkError", "Answer from Java side is empty", "Connection refused",
@@ -295,7 +297,7 @@ def _failed(job: str, exc: BaseException) -> int:
     """Anything else: the traceback in the log, then one line (exit 1)."""
     log.error("%s job failed", job, exc_info=True)
     sys.stderr.flush()
-    jvm = jvm_memory_failure(exc)
+    jvm = jvm_memory_failure(exc, job)
     where = f" in stage '{current_stage()}'" if current_stage() != "start" else ""
     if jvm:
         print(f"error: {job} failed{where}: {jvm}", file=sys.stderr)

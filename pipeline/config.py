@@ -364,13 +364,15 @@ def resolve_with_notes(argv: list[str] | None = None, description: str = "", job
     take (one file may serve several jobs: its other keys are ignored, and the log says so)."""
     args = build_parser(description, job).parse_args(argv)
     _refuse_repeated_flags(sys.argv[1:] if argv is None else argv)
-    files = [(path, load_toml(path)) for path in args.config]
-    notes = []
-    for path, values in files:
+    files, notes = [], []
+    for path in args.config:
+        values = load_toml(path)
         other = sorted(k for k in values if k.replace("-", "_") in Config.__dataclass_fields__
                        and k.replace("-", "_") not in job_keys(job))
-        if other:
+        if other:  # neither applied nor validated (unknown keys still are an error)
             notes.append(f"--config {path}: not {job} settings, ignored: {', '.join(other)}")
+            values = {k: v for k, v in values.items() if k not in other}
+        files.append((path, values))
     cli = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     explicit = set(cli).union(*({k.replace("-", "_") for k in values} for _, values in files))
     own_corpus = bool(explicit & set(CORPUS_KEYS))

@@ -582,6 +582,7 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFr
     try:
         with job_group(sc, "encode") as group, progress.stage(
                 "encode", unit="tasks", poll=read_progress(sc, group, counts)):
+            counts.begin("")  # the reading (and encoding) starts: its tasks out of all
             encoded.write.option("compression", OUTPUT_COMPRESSION).parquet(tmp)
     except Exception as exc:
         fsutil.delete(spark, tmp)

@@ -318,9 +318,9 @@ class TaskCounts:
         """Start a phase of the stage: "" when the tasks that read start, else what the
         driver does after them (merging their output, say). Its heartbeat counts the Spark
         tasks of this phase's jobs only, and its rate starts now."""
+        if self.on_phase is not None:  # first: a heartbeat must not see the new phase
+            self.on_phase(phase)  # with the old one's jobs
         self.phase = phase
-        if self.on_phase is not None:
-            self.on_phase(phase)
 
     @classmethod
     def create(cls, sc: SparkContext, local: bool | None = None) -> TaskCounts:
@@ -369,17 +369,18 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
     def jobs() -> frozenset[int]:
         return frozenset(tracker.getJobIdsForGroup(group))
 
-    state: dict = {"began": time.time(), "read_began": time.time(), "read_seconds": None,
+    state: dict = {"began": time.time(), "read_began": None, "read_seconds": None,
                    "before_read": frozenset(), "before_phase": frozenset(), "read_jobs": None}
 
     def on_phase(name: str) -> None:
         now, known = time.time(), jobs()
+        update: dict = {"began": now, "before_phase": known}
         if not name:
-            state.update(read_began=now, before_read=known)
-        elif state["read_seconds"] is None:
-            state.update(read_seconds=now - state["read_began"],
-                         read_jobs=known - state["before_read"])
-        state.update(began=now, before_phase=known)
+            update.update(read_began=now, before_read=known)
+        elif state["read_seconds"] is None and state["read_began"] is not None:
+            update.update(read_seconds=now - state["read_began"],
+                          read_jobs=known - state["before_read"])
+        state.update(update)  # one step: a heartbeat sees the old phase or the new one
 
     counts.on_phase = on_phase
     reading = task_progress(sc, group, lambda job: job not in state["before_read"] and (
@@ -389,24 +390,28 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
     def poll() -> dict:
         t = reading()
         rows, nbytes = counts.totals()
-        seconds = state["read_seconds"] or time.time() - state["read_began"]
+        read_began = state["read_began"] or state["began"]
+        seconds = state["read_seconds"] or time.time() - read_began
         out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}", "running": t["running"],
                      "rows": rows, "bytes_read": nbytes,
-                     "bytes_per_s": int(nbytes / max(seconds, 1e-3))}
+                     "bytes_per_s": int(nbytes / max(seconds, 1e-3)),
+                     "rate_from": (read_began, 0)}
         if counts.phase:  # after the reading: the tasks this phase has run, no share done
             # of all (its later jobs are not known yet: 8/8 would become 8/20), its note
             p = phase_tasks()
             out.update(unit="tasks", done=p["done"], total=None, running=p["running"],
                        tasks=None, rate_from=(state["began"], 0), note=counts.phase)
-        elif state["read_seconds"] is not None:  # the end: what was read
+        elif state["read_seconds"] is not None:  # the end: what was read, at what rate
             out.update(unit="rows", done=rows, total=counts.total_rows, rows=None,
-                       running=None)
+                       running=None, rate_from=(time.time() - seconds, 0))
         elif counts.total_rows:
             out.update(unit="rows", done=min(rows, counts.total_rows), total=counts.total_rows,
                        rows=None)
+        elif state["read_began"] is None:  # not reading yet (no begin("")): these are
+            # other jobs' tasks (a schema inferred, say), no share of all
+            out.update(unit="tasks", done=t["done"], total=None, tasks=None)
         else:
-            out.update(unit="tasks", done=t["done"], total=t.get("total"), tasks=None,
-                       rate_from=(state["began"], 0))
+            out.update(unit="tasks", done=t["done"], total=t.get("total"), tasks=None)
         return out
 
     return poll

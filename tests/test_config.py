@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipeline.config import ConfigError, resolve, validate
+from pipeline.config import Config, ConfigError, resolve, validate
 
 from .conftest import REPO
 
@@ -173,6 +173,14 @@ def test_a_config_file_shared_by_jobs_says_which_keys_a_job_ignores(tmp_path, ca
                        ["--config", str(f), "--input", str(REPO / "data" / "sample"),
                         "--tokenizer", "t", "--output", str(tmp_path / "o")]) == 0
     assert seen and any(notes[0] in r.getMessage() for r in caplog.records)
+    # an ignored key is neither applied nor validated: train's weights for two sources do
+    # not stop an encode of one
+    f.write_text('input = "a.parquet,b.parquet"\ninput_weights = [1, 3]\nvocab_size = 1000\n')
+    c, notes = resolve_with_notes(["--config", str(f), "--input", str(REPO / "data" / "sample"),
+                                   "--tokenizer", "t", "--output", "o"], job="encode")
+    assert notes == [f"--config {f}: not encode settings, ignored: input_weights, vocab_size"]
+    assert (c.input_weights, c.vocab_size) == (Config().input_weights, Config().vocab_size)
+    assert validate(c, "encode") is c
     f.write_text("vocab_sise = 1000\n")
     with pytest.raises(ConfigError, match="unknown config key 'vocab_sise'"):
         resolve_with_notes(["--config", str(f), "--output", "o"], job="encode")

@@ -122,6 +122,8 @@ def test_a_jvm_out_of_memory_is_one_line_naming_the_setting(monkeypatch, capsys)
                            "task's result while fetching it (TaskResultLost"), last
     assert "spark.driver.memory = 1g" in last and "--driver-memory" in last
     assert "rerun the same command to resume" in last
+    assert cli.jvm_memory_failure(lost, "count_words").endswith(
+        "; rerun the same command (the count_words starts over)")  # no checkpoints to resume
     oom = RuntimeError("Lost task 1.0 (executor 3): java.lang.OutOfMemoryError: Java heap space")
     assert "spark.executor.memory = 1g (default)): raise it with spark-submit " \
         "--executor-memory" in cli.jvm_memory_failure(oom)

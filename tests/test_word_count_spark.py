@@ -617,21 +617,28 @@ def test_a_count_heartbeat_counts_the_tasks_of_its_phase_only(spark):
     with job_group(sc, "phases") as group:
         poll = read_progress(sc, group, counts)
         sc.parallelize(range(4), 4).count()  # a warm-up job, before the reading
+        before = settled(poll, {"done": 4})
+        read_from = time.time()
         counts.begin("")
         sc.parallelize(range(3), 3).count()  # the reading
         reading = settled(poll, {"done": 3})
         counts.begin("merging the partial counts (spark)")
+        read_seconds = time.time() - read_from
         merge_started = poll()
         sc.parallelize(range(2), 2).count()
         merging = settled(poll, {"done": 2})
+        time.sleep(1.5)
         counts.phase = ""
         end = poll()
+        end_span = time.time() - end["rate_from"][0]  # the rate of the end line is over it
+    assert (before["done"], before["total"]) == (4, None)  # not the reading: no share of all
     assert (reading["unit"], reading["done"], reading["total"]) == ("tasks", 3, 3)
     assert (merge_started["done"], merge_started["total"]) == (0, None)  # no share of all
     assert merge_started["note"] == "merging the partial counts (spark)"
     assert (merging["unit"], merging["done"], merging["total"]) == ("tasks", 2, None)
     assert merging["rate_from"][0] >= reading["rate_from"][0] and merging["tasks"] is None
     assert (end["unit"], end["tasks"], end["running"]) == ("rows", "3/3", None)  # the reading's
+    assert abs(end_span - read_seconds) < 0.5, (end_span, read_seconds)  # not since the merge
     counts.close()
 
 

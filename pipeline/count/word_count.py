@@ -310,11 +310,15 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
     measured by an accumulator; they report what they have read to ``counts``."""
     sc = spark.sparkContext
     size = sc.accumulator((0, 0), OutputSize())
-    spill = partials_spill_dir(sc)
     counts.begin("")  # the reading: its heartbeat counts these tasks, not the warm-up's
+    spill = partials_spill_dir(sc)
     if plan is None and spill is not None:
         spilled = Partials(spark, 0, 0, spill_dir=spill)
-        frame = _partial_frame(corpus, cfg, spec, size, counts, spill)
+        try:  # (a column the input does not have fails here, before any task)
+            frame = _partial_frame(corpus, cfg, spec, size, counts, spill)
+        except BaseException:
+            spilled.release()
+            raise
 
         def run() -> None:  # the files in task order (a task with no rows writes one too)
             spilled.files = sorted(r["path"] for r in frame.collect())
