@@ -18,12 +18,17 @@ spark_class=$(python -c "import os, pyspark; print(os.path.join(os.path.dirname(
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap stop EXIT
-"$spark_class" org.apache.spark.deploy.master.Master --host 127.0.0.1 --port "$port" \
+# the daemons log at Spark's default level (INFO, to their files: this script waits on their
+# lines), whatever SPARK_CONF_DIR the job itself gets (a quiet one hides those lines)
+daemon=(env -u SPARK_CONF_DIR "$spark_class")  # execs java: $! is the daemon's pid
+"${daemon[@]}" org.apache.spark.deploy.master.Master --host 127.0.0.1 --port "$port" \
     --webui-port 0 > "$dir/master.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 60); do grep -q "I have been elected leader" "$dir/master.log" && break; sleep 1; done
+grep -q "I have been elected leader" "$dir/master.log" || {
+    echo "error: the Spark master did not start within 60 s; see $dir/master.log" >&2; exit 1; }
 for i in $(seq 0 $((workers - 1))); do
-    "$spark_class" org.apache.spark.deploy.worker.Worker --host 127.0.0.1 --webui-port 0 \
+    "${daemon[@]}" org.apache.spark.deploy.worker.Worker --host 127.0.0.1 --webui-port 0 \
         --cores "${WORKER_CORES:-1}" --memory "${WORKER_MEMORY:-3g}" --work-dir "$dir/work$i" \
         "spark://127.0.0.1:$port" > "$dir/worker$i.log" 2>&1 &
     pids+=($!)
@@ -31,6 +36,9 @@ done
 for _ in $(seq 60); do
     [ "$(grep -c 'Registering worker' "$dir/master.log")" -ge "$workers" ] && break; sleep 1
 done
+[ "$(grep -c 'Registering worker' "$dir/master.log")" -ge "$workers" ] || {
+    echo "error: not all $workers workers registered within 60 s; see $dir/worker*.log" >&2
+    exit 1; }
 bash scripts/build_pyfiles.sh "$dir/pyfiles.zip" > /dev/null
 echo "standalone cluster spark://127.0.0.1:$port ($workers workers); logs in $dir" >&2
 spark-submit --master "spark://127.0.0.1:$port" --conf spark.driver.host=127.0.0.1 \

@@ -37,6 +37,8 @@ def standalone(tmp_path_factory):
     Every daemon (and the executors its worker starts) is SIGKILLed at the end."""
     d = tmp_path_factory.mktemp("standalone")
     env = job_env(SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")  # no fixed port 6066
+    env.pop("SPARK_CONF_DIR", None)  # the daemons' INFO lines, waited on here (a quiet conf
+    # directory, as README suggests exporting for the jobs, would hide them)
     url = f"spark://127.0.0.1:{free_port()}"
     started: list[ProcGroup] = []
     try:
