@@ -111,9 +111,13 @@ class Stage:
     """A running stage: ``update`` it with what is done; heartbeats are throttled."""
 
     def __init__(self, progress: Progress, name: str, total: float | None, unit: str,
-                 poll: Callable[[], dict] | None, start: float = 0):
+                 poll: Callable[[], dict] | None, start: float = 0, recent_eta: bool = False):
         self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
                                                                       unit, poll)
+        # the ETA at the rate since the previous heartbeat, not the average: for work that
+        # gets cheaper as it goes (the first merges rewrite the most words)
+        self.recent_eta = recent_eta
+        self.last_point: tuple[float, float] | None = None  # (time, done) of the last beat
         self.t0 = time.time()
         # (time, done) the rate is measured from; ``start`` was done before this attempt
         # (merges from a checkpoint): not in the rate
@@ -136,6 +140,7 @@ class Stage:
         """Measure the rate (and the ETA) from now: what came before was set-up."""
         with self.lock:
             self.rate_from = (time.time(), self.done or 0)
+            self.last_point = None
 
     def beat(self, event: str = "beat") -> None:
         if self.poll is not None and event != "start":
@@ -169,7 +174,13 @@ class Stage:
                     if self.unit and event == "beat" and rate >= 1:
                         parts.append(f"{rate:,.0f} {self.unit}/s")
                     if total and event == "beat":
-                        rec["eta"] = round((total - done) / rate, 1)
+                        last, eta_rate = self.last_point, rate
+                        if self.recent_eta and last is not None and last[0] >= since \
+                                and now - last[0] >= 1 and done > last[1]:
+                            eta_rate = (done - last[1]) / (now - last[0])
+                        rec["eta"] = round((total - done) / eta_rate, 1)
+                if event == "beat":
+                    self.last_point = (now, done)
             rec.update(self.fields)
             parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]
             detail = ", ".join(parts)
@@ -237,12 +248,12 @@ class Progress:
     @contextlib.contextmanager
     def stage(self, name: str, total: float | None = None, unit: str = "",
               poll: Callable[[], dict] | None = None, start: float = 0,
-              **fields) -> Iterator[Stage]:
+              recent_eta: bool = False, **fields) -> Iterator[Stage]:
         """Run a stage: a start line, heartbeats (from ``update`` and from a ticker that calls
         ``poll`` for fresh fields), and an end line (or an error event). ``start``: what was
         done before (merges from a checkpoint): counted as done, not in the rate."""
         global _current_stage
-        st = Stage(self, name, total, unit, poll, start)
+        st = Stage(self, name, total, unit, poll, start, recent_eta)
         st.fields.update(fields)
         previous, _current_stage = _current_stage, name
         self.stages.append(st)

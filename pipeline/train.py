@@ -413,7 +413,7 @@ def make_merges(spark: SparkSession, prep: Prepared, progress: Progress) -> Merg
     cfg, t0 = prep.cfg, time.time()
     rounds, handoff_at = RoundStats(), None
     with progress.stage("merges", total=prep.target, unit="merges", start=len(prep.prior),
-                        engine=prep.engine) as stage:
+                        recent_eta=True, engine=prep.engine) as stage:
         mlog = MergeLog(prep, stage)
         faults.at("merges")
         if mlog.wanted > 0 and prep.engine == "spark":
