@@ -445,6 +445,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
     parts = SparkPartitions(spark, prep.words(), cfg.num_partitions, prep.base,
                             replay=[(m.left, m.right) for m in mlog.merges])
     mlog.stage.restart_rate()
+    mlog.stage.update(note="")  # rounds now
     t0 = time.time()
     try:
         res = run_rounds(
@@ -465,6 +466,7 @@ def _train_local(lt: LocalTrainer, mlog: MergeLog, cfg: Config) -> None:
     """Continue on the driver; ``lt`` holds the working set after ``mlog``'s merges.
     Bookkeeping (progress, checkpoints) runs between chunks of merges, not after each one."""
     mlog.stage.restart_rate()  # the rate and ETA of the merges, not of loading the words
+    mlog.stage.update(note="")  # merging now (the first merges can take a while)
     offset = len(mlog) - len(lt.merges)
     chunk = 256
     while mlog.wanted > 0:
