@@ -16,6 +16,7 @@ from pipeline.count.word_count import count_words
 from pipeline.train import train
 
 from .conftest import SAMPLE
+from .naive_count import assert_word_table, naive_count
 
 pytestmark = pytest.mark.spark
 
@@ -96,23 +97,27 @@ def test_csv_as_python_and_pandas_write_it(spark, tmp_path):
     assert table_rows(tmp_path / "got") == table_rows(tmp_path / "ref")
 
 
+@pytest.mark.parametrize("merge", ["driver", "spark"])
 @pytest.mark.parametrize("fmt", ["json", "text"])
-def test_files_split_across_tasks_keep_the_corpus_order(spark, formats, tmp_path, fmt):
+def test_files_split_across_tasks_keep_the_corpus_order(spark, formats, tmp_path, fmt, merge):
     """A JSON-lines or text file larger than spark.sql.files.maxPartitionBytes is read by
-    several tasks: the word table, first-seen order included, is the whole files' one."""
-    ref = count_words(spark, Config(input=f"{formats['parquet']}/*/*.parquet",
-                                    output=str(tmp_path / "ref")))
+    several tasks, each numbering the rows of its split: the word table is the whole files'
+    one against the naive count, first_seen values included (each split's rows moved by the
+    rows of the file's earlier splits: (file, row in file, rank) packed as for Parquet), with
+    either merge."""
     spark.conf.set("spark.sql.files.maxPartitionBytes", "2048")
     try:
         files = list(formats[fmt].glob("*/part-*"))
         splits = spark.read.format(fmt).load([str(f) for f in files]).rdd.getNumPartitions()
         assert splits > 2 * len(files), splits  # each file is cut in several pieces
         count_words(spark, Config(input=f"{formats[fmt]}/*/part-*", input_format=fmt,
-                                  output=str(tmp_path / fmt)))
+                                  output=str(tmp_path / fmt), count_merge=merge))
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
-    assert table_rows(tmp_path / fmt) == table_rows(tmp_path / "ref")
-    del ref
+    lines = sample_lines()
+    half = len(lines) // 2  # the fixture's two files, in path order
+    naive = naive_count([lines[:half], lines[half:]], special_tokens=["<|endoftext|>"])
+    assert_word_table(tmp_path / fmt, naive, dense=False)
 
 
 def test_the_report_samples_every_input_kind(spark, formats, tmp_path):

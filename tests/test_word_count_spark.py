@@ -26,7 +26,7 @@ from pipeline.order import FirstSeenLayout
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 
 from .conftest import REPO, SAMPLE
-from .naive_count import NaiveTable, assert_word_table, naive_count
+from .naive_count import NaiveTable, assert_word_table, naive_count, word_table_differences
 
 pytestmark = pytest.mark.spark
 
@@ -419,6 +419,11 @@ def test_a_spark_reader_task_sends_each_split_off_before_the_next():
                        got_table.column("count").to_pylist()))
     assert counted == {b"one": 3, b" two": 3, b"two": 1, b"three": 1, b" three": 1,
                        b" four": 2, b"four": 1, b"five": 1, b"six": 1}
+    # rows numbered within their split, moved by the rows of the file's earlier splits: the
+    # first_seen values of the files read whole (file 0's second split starts at its row 2)
+    whole = naive_count([rows[0, 0] + rows[0, 4096], rows[1, 0], rows[2, 0]])
+    assert not word_table_differences(zip(*(got_table.column(c).to_pylist() for c in
+                                            ("word", "count", "first_seen"))), whole, False)
 
 
 @settings(max_examples=40, deadline=None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,8 @@ from pipeline.count.partials import (
     KIND_STAT,
     KIND_WORD,
     PARTIAL_ARROW_SCHEMA,
+    SPLIT_LAST_ROW,
+    SPLIT_ROWS,
     BucketedPartials,
 )
 from pipeline.count.word_table import (
@@ -31,6 +33,52 @@ from pipeline.count.word_table import (
 from pipeline.order import FirstSeenLayout
 
 log = logging.getLogger(__name__)
+
+
+class SplitOffsets:
+    """Where each (file, split) of Spark's reader starts in its file: the rows of the file's
+    earlier splits. Such a reader's tasks number rows within their split (a split is read in
+    order by one task, and only its start is known), so ``offset + row`` is the row's index
+    in its file, whatever the splitting: the same (file, row, rank) key as Parquet's row
+    indices, packed with the same :class:`FirstSeenLayout`, without a global sort."""
+
+    def __init__(self, rows: dict[tuple[int, int], int]):
+        keys = sorted(rows)
+        self.files = np.array([f for f, _ in keys], dtype=np.int64)
+        self.blocks = np.array([b for _, b in keys], dtype=np.int64)
+        counts = np.array([rows[k] for k in keys], dtype=np.int64)
+        ends = np.cumsum(counts)
+        firsts = np.flatnonzero(np.r_[True, self.files[1:] != self.files[:-1]])
+        # rows before each split in the whole listing, less those before its file's first
+        before = ends - counts
+        self.offsets = before - np.repeat(before[firsts], np.diff(np.r_[firsts, len(keys)]))
+        self._block_values = np.unique(self.blocks)
+        self._keys = self._key(self.files, self.blocks)  # ascending: keys are sorted
+
+    def _key(self, files: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """(file, block) as one int64 that sorts the same: file, then the block's rank among
+        the splits' blocks (-1 for a block no split has)."""
+        values = self._block_values
+        at = np.minimum(np.searchsorted(values, blocks), max(len(values) - 1, 0))
+        known = values[at] == blocks if len(values) else np.zeros(len(blocks), dtype=bool)
+        return np.where(known, files * len(values) + at, -1)
+
+    def of(self, files: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """The offset of each row's split (numpy arrays of the rows' file and block)."""
+        if not len(files):
+            return np.zeros(0, dtype=np.int64)
+        keys = self._key(files.astype(np.int64), blocks.astype(np.int64))
+        at = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))
+        if not len(self._keys) or np.any((keys < 0) | (self._keys[at] != keys)):
+            raise RuntimeError("a split's words came without its row count (internal error)")
+        return self.offsets[at]
+
+    def frame(self, spark) -> DataFrame:
+        """(s_file, s_block, s_offset) as a small DataFrame, to join on."""
+        return spark.createDataFrame(
+            list(zip(self.files.tolist(), self.blocks.tolist(), self.offsets.tolist())),
+            "s_file int, s_block long, s_offset long")
+
 
 def _dense_rank(sorted_df: DataFrame) -> DataFrame:
     """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order.
@@ -74,6 +122,7 @@ def merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float,
     the word table under ``tmp``; returns (statistics, distinct words, time counted).
     ``ignore_corrupt``: first look for files a task could not read to the end (one more pass
     over the partial counts, which are small next to the corpus), and leave their rows out."""
+    drop: list[int] = []
     if ignore_corrupt:
         marks = partial.filter((F.col("kind") == KIND_STAT)
                                & F.col("word").cast("string").startswith("skipped_file:"))
@@ -101,12 +150,18 @@ def merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float,
              for r in summary if r["kind"] != KIND_WORD}
     unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
     words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
-    layout = _layout(stats, n_files)
+    layout, splits = _layout(stats, n_files, drop)
     if layout is not None:  # layout.pack in SQL: order-preserving, no global sort needed
+        row = F.col("first.row")
+        if splits is not None:  # rows numbered within splits: add the split's offset
+            words = words.join(F.broadcast(splits.frame(words.sparkSession)),
+                               (F.col("first.file") == F.col("s_file"))
+                               & (F.col("first.block") == F.col("s_block")))
+            row = row + F.col("s_offset")
         table = words.select(
             "word", "count",
             (F.shiftleft(F.col("first.file").cast("long"), layout.file_shift)
-             .bitwiseOR(F.shiftleft(F.col("first.row"), layout.rank_bits))
+             .bitwiseOR(F.shiftleft(row, layout.rank_bits))
              .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
         )
     else:  # too many files/rows for 63 bits: dense ranks of the first occurrence
@@ -116,13 +171,29 @@ def merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float,
     return stats, unique_words, t_count
 
 
-def _layout(stats: dict[str, int], n_files: int) -> FirstSeenLayout | None:
-    """The packing of first keys (pops the maxima from ``stats``); None (dense ranks) when it
-    needs more than 63 bits, or when rows are numbered within file splits (not Parquet)."""
+def _layout(stats: dict[str, int], n_files: int, drop: Iterable[int] = ()
+            ) -> tuple[FirstSeenLayout | None, SplitOffsets | None]:
+    """The packing of first keys, and the splits' offsets when rows were numbered within
+    file splits (Spark's reader on formats other than Parquet); pops the maxima and the
+    splits' statistics from ``stats``. The layout is None (dense ranks) when it needs more
+    than 63 bits. ``drop``: files left out (their splits do not widen the layout)."""
     max_row, max_rank = stats.pop("max_row", 0), stats.pop("max_rank", 0)
-    if stats.pop("max_block", 0):
-        return None
-    return FirstSeenLayout.fit(n_files, max_row, max_rank)
+    rows: dict[tuple[int, int], int] = {}
+    last: dict[tuple[int, int], int] = {}
+    for name in [k for k in stats if k.startswith((SPLIT_ROWS, SPLIT_LAST_ROW))]:
+        kind, file, block = name.rsplit(":", 2)
+        (rows if f"{kind}:" == SPLIT_ROWS else last)[int(file), int(block)] = stats.pop(name)
+    if not stats.pop("max_block", 0):  # rows numbered within their files
+        return FirstSeenLayout.fit(n_files, max_row, max_rank), None
+    if not rows:  # (no split statistics: dense ranks of (file, block, row, rank))
+        return None, None
+    splits = SplitOffsets(rows)
+    offset = dict(zip(zip(splits.files.tolist(), splits.blocks.tolist()),
+                      splits.offsets.tolist()))
+    dropped = set(drop)
+    max_row = max((offset[k] + r for k, r in last.items() if k[0] not in dropped), default=0)
+    layout = FirstSeenLayout.fit(n_files, max_row, max_rank)
+    return layout, (splits if layout is not None else None)
 
 
 def _side_stats(side: list[pa.RecordBatch]) -> dict[str, int]:
@@ -151,10 +222,12 @@ def skipped_file_indices(stats: dict[str, int]) -> list[int]:
 
 
 def _merge_bucket(batches: list[pa.RecordBatch], layout: FirstSeenLayout | None,
-                  drop: list[int] | None = None) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+                  drop: list[int] | None = None, splits: SplitOffsets | None = None
+                  ) -> tuple[pa.Array, np.ndarray, np.ndarray]:
     """One bucket's distinct words, their summed counts and their first keys: packed
-    (``layout``) or, for dense ranks, the (file, block, row, rank) columns stacked. ``drop``:
-    file indices whose rows are left out."""
+    (``layout``; rows numbered within their split moved by ``splits``) or, for dense ranks,
+    the (file, block, row, rank) columns stacked. ``drop``: file indices whose rows are left
+    out."""
     words = pa.Table.from_batches(batches, schema=PARTIAL_ARROW_SCHEMA)
     if drop:
         keep = ~np.isin(words.column("file").to_numpy(), np.asarray(drop, dtype=np.int32))
@@ -166,6 +239,8 @@ def _merge_bucket(batches: list[pa.RecordBatch], layout: FirstSeenLayout | None,
     row = words.column("row").to_numpy()
     rank = words.column("rank").to_numpy().astype(np.int64)
     if layout is not None:  # the packed key preserves (file, row, rank) order: its minimum
+        if splits is not None:
+            row = row + splits.of(file, words.column("block").to_numpy())
         key = layout.pack(file, row, rank)
         first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(first, word_id, key)
@@ -185,11 +260,11 @@ def merge_partials(partial: pa.Table | BucketedPartials, n_files: int
     if isinstance(partial, pa.Table):
         partial = BucketedPartials.of(partial.to_batches(), 1)
     stats = _side_stats(partial.side)
-    layout = _layout(stats, n_files)
     drop = skipped_file_indices(stats)
+    layout, splits = _layout(stats, n_files, drop)
     words, totals, firsts = [], [], []
     while partial.buckets:
-        w, t, f = _merge_bucket(partial.buckets.pop(), layout, drop)
+        w, t, f = _merge_bucket(partial.buckets.pop(), layout, drop, splits)
         words.append(w)
         totals.append(t)
         firsts.append(f)

@@ -36,6 +36,9 @@ PARTIAL_SCHEMA = (
 
 
 KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
+# per (file, split) of Spark's reader: the rows it holds (summed), and the largest row index
+# (within the split) that has words (a maximum); names end in ":<file>:<block>"
+SPLIT_ROWS, SPLIT_LAST_ROW = "split_rows:", "split_last_row:"
 
 
 BLOB_ROWS = 1 << 16  # words per partial-count batch: about 3 MB of Arrow
@@ -51,13 +54,15 @@ Counted = tuple[WordCounter, int, int]  # a counter, its block (0: rows indexed 
 
 
 def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = None,
-                    per_file: bool = False) -> Iterator[pa.RecordBatch]:
+                    per_file: bool = False, extra_max: dict[str, int] | None = None
+                    ) -> Iterator[pa.RecordBatch]:
     """A task's output: each counter's words (counts times their source's weight; first
     occurrences keyed (file, block, row, rank)), then one batch of summed and maximal
     statistics (``extra``: more summed statistics, by name). ``per_file``: each counter
     counted one file (``ignore_corrupt_files``), and its statistics go out under that file's
     index, so that the merge leaves them out with the words of a file found unreadable; other
-    statistics have file -1."""
+    statistics have file -1. ``extra_max``: more maximal statistics, by name (read after the
+    counters, which may fill it as they go)."""
     totals: dict[int, RowStats] = {} if per_file else {-1: RowStats()}
     maxima = {"max_row": 0, "max_rank": 0, "max_block": 0}
     for wc, block, weight in counters:
@@ -75,7 +80,8 @@ def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = 
     rows = [(KIND_STAT, name, value, file) for file, total in totals.items()
             for name, value in total.as_dict().items()]
     rows += [(KIND_STAT, name, value, -1) for name, value in (extra or {}).items()]
-    rows += [(KIND_MAX, name, value, -1) for name, value in maxima.items()]
+    rows += [(KIND_MAX, name, value, -1) for name, value in {**maxima,
+                                                             **(extra_max or {})}.items()]
     kinds, names, values, files = zip(*rows)
     n = len(rows)
     yield pa.RecordBatch.from_arrays(

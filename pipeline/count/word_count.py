@@ -4,10 +4,12 @@ table ``(word, count, first_seen)``.
 Text reaches Python in Arrow batches (``mapInArrow``). Each task counts the words of its rows
 per input file and remembers each word's first occurrence as (file index, block, row, index of
 the word's first match in the row); ``block`` is the start of the file split a Spark reader
-gave the task (0 for Parquet, whose rows are numbered in the file). The partial counts are
-then merged: counts summed, the smallest key kept per word, and the key packed into an
-order-preserving int64 ``first_seen`` (``order.FirstSeenLayout``; or, when it needs more than
-63 bits, replaced by its dense rank). The partials (``partials.py``) are kept (local Arrow
+gave the task (0 for Parquet, whose rows are numbered in the file; other formats' rows are
+numbered in their split, and the merge moves them by the rows of the file's earlier splits,
+which the tasks report). The partial counts are then merged: counts summed, the smallest key
+kept per word, and the key packed into an order-preserving int64 ``first_seen``
+(``order.FirstSeenLayout``; or, when it needs more than 63 bits, replaced by its dense rank).
+The partials (``partials.py``) are kept (local Arrow
 files with a local master, else the executors' disks) while the merge (``merge.py``) is
 chosen from their measured size (``count_merge``, ``memory.py``): when they fit the driver's
 memory they come to the driver as Arrow and numpy merges them (no shuffle, none of a fresh
@@ -49,6 +51,8 @@ from pipeline.count.merge import merge_partials, merge_with_spark
 from pipeline.count.partials import (
     PARTIAL_ARROW_SCHEMA,
     PARTIAL_SCHEMA,
+    SPLIT_LAST_ROW,
+    SPLIT_ROWS,
     Counted,
     OutputSize,
     Partials,
@@ -118,8 +122,10 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
     they stopped, and the merge takes each word's first occurrence over the pieces."""
     pre = Pretokenizer(spec)
     # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark;
-    # filled as the splits finish, read by partial_batches after the last one
+    # rows per split, and the last with words: the merge numbers rows within their file
+    # (merge.SplitOffsets); filled as the splits finish, read by partial_batches after the last
     file_rows: dict[str, int] = {}
+    last_rows: dict[str, int] = {}
 
     def finished_splits() -> Iterator[Counted]:
         rows_read = bytes_read = 0
@@ -130,8 +136,11 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
 
         def done(wc: WordCounter, split: tuple[int, int]) -> Counted:
             rows_of[split] = base + wc.stats.rows
-            key = f"file_rows:{split[0]}"
-            file_rows[key] = file_rows.get(key, 0) + wc.stats.rows
+            for key in (f"file_rows:{split[0]}", f"{SPLIT_ROWS}{split[0]}:{split[1]}"):
+                file_rows[key] = file_rows.get(key, 0) + wc.stats.rows
+            if wc.counts or wc.stats.long_words:  # (max_row: the last row with words)
+                key = f"{SPLIT_LAST_ROW}{split[0]}:{split[1]}"
+                last_rows[key] = max(last_rows.get(key, 0), wc.max_row)
             return wc, split[1], weights[split[0]]
 
         for batch in batches:
@@ -166,7 +175,7 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
         if wc is not None and split is not None:
             yield done(wc, split)
 
-    yield from partial_batches(finished_splits(), file_rows)
+    yield from partial_batches(finished_splits(), file_rows, extra_max=last_rows)
 
 
 REPORT_ROWS = 256  # rows between progress updates of an Arrow-reader task
