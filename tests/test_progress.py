@@ -98,22 +98,27 @@ def test_the_rate_restarts_after_set_up_and_a_poll_can_restart_it(tmp_path):
 
 def test_the_merges_eta_follows_the_recent_rate(tmp_path):
     """Merges get cheaper as they go: their ETA is at the rate since the previous heartbeat
-    (the rate shown stays the average); other stages' ETA is at the average."""
+    (the rate shown stays the average), and the first heartbeat, with no earlier one to measure
+    from, has none (its rate is the first, heaviest merges'); other stages' ETA is at the
+    average from the first heartbeat on."""
     def beats(recent: bool) -> list[dict]:
         jsonl = tmp_path / f"{recent}.jsonl"
         prog = Progress("test", str(jsonl), every=10, bar=False)
         with prog.stage("merges", total=1000, unit="merges", recent_eta=recent) as st:
+            st.update(0, force=True)  # a heartbeat before the first merge: not a point
             time.sleep(1.0)
             st.update(100, force=True)  # 100 merges/s
             time.sleep(1.0)
             st.update(500, force=True)  # then 400/s: 250/s on average
         return [e for e in map(json.loads, jsonl.read_text().splitlines())
-                if e["event"] == "beat"]
+                if e["event"] == "beat"][1:]
 
     first, second = beats(recent=True)
-    assert first["eta"] >= 7  # no earlier beat: 900 left at the average 100/s
+    assert "eta" not in first and first["rate"] >= 80  # no earlier beat: a rate, no ETA
     assert second["rate"] <= 260 and second["eta"] <= 1.7  # 500 left at about 400/s
-    assert beats(recent=False)[1]["eta"] >= 1.9  # at the average: 500 / 250
+    average = beats(recent=False)
+    assert average[0]["eta"] >= 7  # 900 left at the average 100/s
+    assert average[1]["eta"] >= 1.9  # at the average: 500 / 250
 
 
 def test_no_heartbeat_follows_a_failed_stage(tmp_path):
