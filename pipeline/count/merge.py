@@ -116,59 +116,53 @@ def _dense_rank(sorted_df: DataFrame) -> DataFrame:
     return sorted_df.mapInArrow(number, WORD_TABLE_SCHEMA)
 
 
-def merge_with_spark(partial: DataFrame, n_files: int, tmp: str, t0: float,
-                      ignore_corrupt: bool = False) -> tuple[dict[str, int], int, float]:
+def merge_with_spark(partial: DataFrame, side: list[pa.RecordBatch], n_files: int, tmp: str,
+                     t0: float) -> tuple[dict[str, int], int, float]:
     """Sum counts and keep the smallest first key per word with a Spark aggregation, and write
-    the word table under ``tmp``; returns (statistics, distinct words, time counted).
-    ``ignore_corrupt``: first look for files a task could not read to the end (one more pass
-    over the partial counts, which are small next to the corpus), and leave their rows out."""
-    drop: list[int] = []
-    if ignore_corrupt:
-        marks = partial.filter((F.col("kind") == KIND_STAT)
-                               & F.col("word").cast("string").startswith("skipped_file:"))
-        drop = skipped_file_indices({bytes(r["word"]).decode(): 1 for r in marks.collect()})
-        if drop:
-            partial = partial.filter(~F.col("file").isin(drop))  # words and statistics
-    agg = (
-        partial.groupBy("kind", "word")
-        .agg(
-            F.sum("count").alias("count"),
-            F.max("count").alias("max"),
-            F.min(F.struct("file", "block", "row", "rank")).alias("first"),
-        )
-        .persist()
-    )
-    # one job: the statistics rows, and all word rows folded into one row counting them
-    is_word = F.col("kind") == KIND_WORD
-    summary = agg.groupBy(
-        "kind", F.when(is_word, F.lit(b"")).otherwise(F.col("word")).alias("name")
-    ).agg(F.sum("count").alias("count"), F.max("max").alias("max"),
-          F.count(F.lit(1)).alias("rows")).collect()
-    t_count = time.time()
-    log.info("merged the partial counts with Spark in %.1f s", t_count - t0)
-    stats = {bytes(r["name"]).decode(): int(r["count"] if r["kind"] == KIND_STAT else r["max"])
-             for r in summary if r["kind"] != KIND_WORD}
-    unique_words = sum(int(r["rows"]) for r in summary if r["kind"] == KIND_WORD)
-    words = agg.filter(F.col("kind") == KIND_WORD).select("word", "count", "first")
+    the word table under ``tmp``; returns (statistics, distinct words, time done). ``side``:
+    the statistics rows of the partial counts (:meth:`Partials.side`), which give the totals,
+    the files a task could not read to the end (their rows are left out) and the first_seen
+    layout before the words are aggregated: each row's first key is packed into one int64
+    first, as :func:`merge_partials` does, so that Spark aggregates with a hash map (the
+    minimum of a struct would make it sort every partial row: merging and writing the 1 GB
+    corpus's 784 MB of partial counts took 77-80 s that way, 29-34 s this way, BENCHMARKS.md)."""
+    stats = _side_stats(side)
+    drop = skipped_file_indices(stats)
     layout, splits = _layout(stats, n_files, drop)
+    table = spark_word_table(partial, layout, splits, drop)
+    path = fsutil.join(tmp, "data")
+    table.write.parquet(path)
+    unique_words = table.sparkSession.read.parquet(path).count()  # (from the files' footers)
+    t_done = time.time()
+    log.info("merged the partial counts with Spark and wrote them in %.1f s", t_done - t0)
+    return stats, unique_words, t_done
+
+
+def spark_word_table(partial: DataFrame, layout: FirstSeenLayout | None,
+                     splits: SplitOffsets | None, drop: list[int]) -> DataFrame:
+    """The word table (``WORD_TABLE_SCHEMA``) of the partial counts' word rows, those of the
+    files in ``drop`` left out: keys packed with ``layout`` before the aggregation (a hash
+    aggregation), or dense ranks of the struct of the first key when there is no layout."""
+    words = partial.filter(F.col("kind") == KIND_WORD)
+    if drop:
+        words = words.filter(~F.col("file").isin(drop))
     if layout is not None:  # layout.pack in SQL: order-preserving, no global sort needed
-        row = F.col("first.row")
+        row = F.col("row")
         if splits is not None:  # rows numbered within splits: add the split's offset
             words = words.join(F.broadcast(splits.frame(words.sparkSession)),
-                               (F.col("first.file") == F.col("s_file"))
-                               & (F.col("first.block") == F.col("s_block")))
+                               (F.col("file") == F.col("s_file"))
+                               & (F.col("block") == F.col("s_block")))
             row = row + F.col("s_offset")
-        table = words.select(
-            "word", "count",
-            (F.shiftleft(F.col("first.file").cast("long"), layout.file_shift)
-             .bitwiseOR(F.shiftleft(row, layout.rank_bits))
-             .bitwiseOR(F.col("first.rank").cast("long"))).alias("first_seen"),
-        )
-    else:  # too many files/rows for 63 bits: dense ranks of the first occurrence
-        table = _dense_rank(words.orderBy("first").select("word", "count"))
-    table.write.parquet(fsutil.join(tmp, "data"))
-    agg.unpersist()
-    return stats, unique_words, t_count
+        packed = (F.shiftleft(F.col("file").cast("long"), layout.file_shift)
+                  .bitwiseOR(F.shiftleft(row, layout.rank_bits))
+                  .bitwiseOR(F.col("rank").cast("long")))
+        return (words.select("word", "count", packed.alias("first_seen")).groupBy("word")
+                .agg(F.sum("count").alias("count"), F.min("first_seen").alias("first_seen")))
+    # too many files/rows for 63 bits: dense ranks of the first occurrence
+    first = (words.groupBy("word")
+             .agg(F.sum("count").alias("count"),
+                  F.min(F.struct("file", "block", "row", "rank")).alias("first")))
+    return _dense_rank(first.orderBy("first").select("word", "count"))
 
 
 def _layout(stats: dict[str, int], n_files: int, drop: Iterable[int] = ()

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark import RDD, AccumulatorParam, SparkContext
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from pipeline.count.word_table import (
     iter_arrow,
@@ -201,6 +202,28 @@ class Partials:
             return BucketedPartials.of(
                 (b for blob in self.blobs.toLocalIterator(prefetchPartitions=False)
                  for b in pa.ipc.open_stream(blob)), buckets)
+
+    def side(self) -> list[pa.RecordBatch]:
+        """The statistics rows of every task's output (not its words), for a Spark merge to
+        know the totals and the first_seen layout before it aggregates the words. A spilled
+        file's are found in its memory-mapped batches (their ``kind`` column alone is
+        read); otherwise they are filtered out of the kept output by one Spark job, in the JVM
+        for the rows of Spark's reader."""
+        if self.spill_dir is not None:
+            out = []
+            for f in self.files:
+                for b in pa.ipc.open_stream(pa.memory_map(f)):
+                    is_side = b.column(0).to_numpy() != KIND_WORD
+                    if is_side.any():
+                        out.append(b.filter(pa.array(is_side)))
+            return out
+        with job_group(self.spark.sparkContext, "count-side"):
+            rows = self.as_frame().filter(F.col("kind") != KIND_WORD).collect()
+        columns = PARTIAL_ARROW_SCHEMA.names
+        return [pa.RecordBatch.from_arrays(
+            [pa.array([bytes(r[c]) if c == "word" else r[c] for r in rows],
+                      PARTIAL_ARROW_SCHEMA.field(c).type) for c in columns],
+            schema=PARTIAL_ARROW_SCHEMA)] if rows else []
 
     def as_frame(self) -> DataFrame:
         """The partial counts as rows for a Spark aggregation."""

@@ -511,8 +511,8 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
             log.info("merged the partial counts on the driver in %.1f s", t_count - t_counted)
             write_table_data(spark, merged, fsutil.join(tmp, "data"))
             return merged, stats, merged.num_rows, t_count
-    stats, unique_words, t_count = merge_with_spark(partials.as_frame(), n_files, tmp,
-                                                     t_counted, cfg.ignore_corrupt_files)
+    stats, unique_words, t_count = merge_with_spark(partials.as_frame(), partials.side(),
+                                                     n_files, tmp, t_counted)
     return None, stats, unique_words, t_count
 
 
@@ -528,8 +528,8 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
                                                       t0, reader, counts)
     finally:
         partials.release()
-    t_write = time.time()
-    log.info("wrote the word table in %.1f s", t_write - t_count)
+    if merged is not None:  # (a Spark merge writes the table as it aggregates)
+        log.info("wrote the word table in %.1f s", time.time() - t_count)
     stats["unique_words"] = unique_words
     stats["skipped_files"] = _skipped_files(stats, files, skipped,
                                             plan is None and corpus.by_file,
