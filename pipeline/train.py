@@ -364,8 +364,9 @@ class MergeLog:
     """The growing merge list: appends the vocabulary, reports progress (``stage``) and writes
     a checkpoint every ``checkpoint_every_merges`` merges or ``checkpoint_every_seconds``."""
 
-    def __init__(self, prep: Prepared, stage: Stage):
+    def __init__(self, prep: Prepared, stage: Stage, guard: Callable[[], None] = lambda: None):
         self.cfg, self.ckpt, self.stage = prep.cfg, prep.checkpointer, stage
+        self.guard = guard  # raises when this run lost its lease: it must stop writing
         self.target = prep.target
         self.merges: list[Merge] = list(prep.prior)
         self.removed: list[int] = list(prep.prior_removed)
@@ -391,6 +392,7 @@ class MergeLog:
         self.checkpoint()
 
     def checkpoint(self, force: bool = False) -> None:
+        self.guard()  # a run that lost its lease writes no checkpoint (nor prunes the holder's)
         since = len(self.merges) - max(self.ckpt.last_written, 0)
         if force or since >= self.cfg.checkpoint_every_merges or (
                 since > 0
@@ -408,13 +410,15 @@ class MergeOutcome:
     seconds: float
 
 
-def make_merges(spark: SparkSession, prep: Prepared, progress: Progress) -> MergeOutcome:
-    """Stage 2: the merges, by the chosen engine (Spark rounds may hand off to the driver)."""
+def make_merges(spark: SparkSession, prep: Prepared, progress: Progress,
+                guard: Callable[[], None] = lambda: None) -> MergeOutcome:
+    """Stage 2: the merges, by the chosen engine (Spark rounds may hand off to the driver).
+    ``guard`` is called before every checkpoint: it raises when the run lost its lease."""
     cfg, t0 = prep.cfg, time.time()
     rounds, handoff_at = RoundStats(), None
     with progress.stage("merges", total=prep.target, unit="merges", start=len(prep.prior),
                         recent_eta=True, engine=prep.engine) as stage:
-        mlog = MergeLog(prep, stage)
+        mlog = MergeLog(prep, stage, guard)
         faults.at("merges")
         if mlog.wanted > 0 and prep.engine == "spark":
             rounds, rest = _spark_rounds(spark, prep, mlog)
@@ -577,9 +581,12 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
                      cfg.output, prep.done.get("merges"))
             return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
         _invalidate_run(spark, cfg.output)
-        out = make_merges(spark, prep, progress)
-        for lease in leases:  # never publish over a run that took the directory meanwhile
-            lease.check()
+        def still_ours() -> None:  # never write over a run that took the directory meanwhile
+            for lease in leases:
+                lease.check()
+
+        out = make_merges(spark, prep, progress, still_ours)
+        still_ours()
         return publish(spark, prep, out, progress, t_start)
 
 

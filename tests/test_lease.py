@@ -247,3 +247,31 @@ def test_a_checkpoint_dir_equal_to_the_output_is_leased_once(spark, tmp_path, mo
                  progress_bar=False)
     assert len(train(spark, cfg).merges) == 3
     assert list((tmp_path / "run").glob("merges-*.txt"))  # the checkpoints went there
+
+
+@pytest.mark.spark
+def test_a_run_that_lost_its_lease_writes_no_checkpoint(spark, tmp_path, monkeypatch):
+    """A run whose lease another run took while it trained stops at its next checkpoint: it
+    neither writes one nor prunes the new holder's (made to fail by calling MergeLog without
+    the guard: the run wrote merges-*.txt, then stopped only before publishing)."""
+    from pipeline import train as train_module
+    from pipeline.config import Config
+
+    class TakenAtOnce(Lease):
+        def acquire(self) -> Lease:
+            super().acquire()
+            if self.purpose == "run":  # the run directory's (its words are counted under theirs)
+                self.lost = True  # as the renewal thread sets it when another id holds it
+            return self
+
+    monkeypatch.setattr(train_module, "Lease", TakenAtOnce)
+    (tmp_path / "in").mkdir()
+    texts = [f"row {i}: some words, and more words {i * 7}" for i in range(300)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in" / "a.parquet")
+    cfg = Config(input=str(tmp_path / "in"), output=str(tmp_path / "run"), vocab_size=600,
+                 checkpoint_every_merges=1, progress_bar=False)
+    with pytest.raises(LeaseHeld, match="took over"):
+        train_module.train(spark, cfg)
+    assert (tmp_path / "run" / "words" / "word_table.json").exists()  # it got that far
+    assert not list((tmp_path / "run").rglob("merges*.txt"))
+    assert not (tmp_path / "run" / "run.json").exists()
