@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from pipeline import faults, spark_session
 from pipeline.config import Config, ConfigError, resolve_with_notes, validate
+from pipeline.fsutil import WriteFailed
 from pipeline.progress import BarAwareHandler, current_stage
 
 log = logging.getLogger("pipeline.cli")
@@ -254,16 +255,18 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
     except OSError as exc:
         if _terminating.is_set():  # e.g. the JVM, killed with us, refused the connection
             return _terminated_under(job, exc)
-        if exc.errno not in WRITE_ERRNOS:
+        if exc.errno not in WRITE_ERRNOS and not isinstance(exc, WriteFailed):
             return _failed(job, exc)
         faults.lift()
         log.error("%s job could not write", job, exc_info=True)
         sys.stderr.flush()
         kept = ("what was written before (the word table, the checkpoints) is intact: "
                 if job == "train" else "")
+        fix = ("make room or fix the permissions" if exc.errno in WRITE_ERRNOS
+               else "check the path and its filesystem")
         print(f"error: {job} could not write {exc.filename or 'a file'} in stage "
-              f"'{current_stage()}': {exc.strerror}; {kept}make room or fix the permissions, "
-              f"then {_rerun(job)}", file=sys.stderr)
+              f"'{current_stage()}': {exc.strerror}; {kept}{fix}, then {_rerun(job)}",
+              file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:
         if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM

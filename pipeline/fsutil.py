@@ -6,6 +6,7 @@ Local paths are handled with plain Python so the pure-Python parts (and tests) n
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -96,12 +97,43 @@ def delete(spark: SparkSession | None, path: str) -> None:
     fs.delete(p, True)
 
 
+class WriteFailed(OSError):
+    """A write on a Hadoop filesystem (hdfs://, s3a://, ...) failed: the Java exception's first
+    line, the path, and an errno where one fits (as a local write's ``OSError`` would have)."""
+
+
+_JAVA_ERRNOS = (("AccessControlException", errno.EACCES), ("AccessDenied", errno.EACCES),
+                ("Permission denied", errno.EACCES), ("QuotaExceeded", errno.EDQUOT),
+                ("No space left", errno.ENOSPC), ("Read-only file system", errno.EROFS),
+                ("ParentNotDirectory", errno.ENOTDIR), ("not a directory", errno.ENOTDIR))
+
+
+@contextlib.contextmanager
+def _writing(path: str):
+    """Hadoop write calls on ``path``: a Java exception from them becomes :class:`WriteFailed`
+    (a lost JVM or a Python error is left as it is)."""
+    try:
+        yield
+    except Exception as exc:
+        java = getattr(exc, "java_exception", None)  # py4j.protocol.Py4JJavaError
+        if java is None or isinstance(exc, OSError):
+            raise
+        try:
+            text = str(java.toString()).strip()
+        except Exception:  # noqa: BLE001 - the JVM went away meanwhile
+            raise exc from None
+        first = text.splitlines()[0] if text else type(exc).__name__
+        code = next((e for key, e in _JAVA_ERRNOS if key.lower() in text.lower()), errno.EIO)
+        raise WriteFailed(code, first, path) from exc
+
+
 def mkdirs(spark: SparkSession | None, path: str) -> None:
     if is_local(path) or spark is None:
         os.makedirs(local_path(path), exist_ok=True)
         return
     fs, p = _fs(spark, path)
-    fs.mkdirs(p)
+    with _writing(path):
+        fs.mkdirs(p)
 
 
 def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
@@ -182,13 +214,19 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
     fs, p = _fs(spark, path)
     jvm = spark.sparkContext._jvm
     tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".tmp-{uuid.uuid4().hex[:8]}")
-    out = fs.create(tmp, True)
-    try:
-        out.write(bytearray(text.encode("utf-8")))
-        out.hflush()
-    finally:
-        out.close()
-    _rename_over(spark, fs, tmp, p, path)
+    with _writing(path):
+        try:
+            out = fs.create(tmp, True)
+            try:
+                out.write(bytearray(text.encode("utf-8")))
+                out.hflush()
+            finally:
+                out.close()
+            _rename_over(spark, fs, tmp, p, path)
+        except BaseException:
+            with contextlib.suppress(Exception):  # (a temp left over is removed on rerun)
+                fs.delete(tmp, False)
+            raise
 
 
 # by (SparkContext, filesystem URI): one AbstractFileSystem each, or None where there is none
@@ -223,7 +261,7 @@ def _rename_over(spark: SparkSession, fs, tmp, p, path: str) -> None:
     if fs.exists(p):
         fs.delete(p, False)
     if not fs.rename(tmp, p):
-        raise OSError(f"could not rename {tmp} to {path}")
+        raise WriteFailed(errno.EIO, f"could not rename {tmp} to it", path)
 
 
 def _umask() -> int:
@@ -254,8 +292,9 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
             fh.write(text)
         return True
     fs, p = _fs(spark, path)
-    if not fs.createNewFile(p):
-        return False
+    with _writing(path):
+        if not fs.createNewFile(p):
+            return False
     write_text(spark, path, text)
     return True
 
@@ -329,7 +368,8 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
         return
     fs, pf = _fs(spark, final)
     _, pt = _fs(spark, tmp)
-    if fs.exists(pf):
-        fs.delete(pf, True)
-    if not fs.rename(pt, pf):
-        raise OSError(f"could not rename {tmp} to {final}")
+    with _writing(final):
+        if fs.exists(pf):
+            fs.delete(pf, True)
+        if not fs.rename(pt, pf):
+            raise WriteFailed(errno.EIO, f"could not rename {tmp} to it", final)

@@ -72,3 +72,31 @@ def test_a_run_written_through_hadoop_equals_the_local_run(spark, tmp_path, monk
     assert (tmp_path / "run" / "run.json").exists()
     assert (tmp_path / "run" / "merges.txt").read_text() == (
         tmp_path / "ref" / "merges.txt").read_text()
+
+
+def test_a_failed_write_through_hadoop_is_one_line_naming_the_file(spark, tmp_path, via_hadoop,
+                                                                   monkeypatch, capsys):
+    """A write that the filesystem refuses (here: the parent is a file) raises WriteFailed
+    with the path and the Java exception's first line, no temp file is left, and the job ends
+    with one `error:` line naming the file, exit 1 (made to fail by leaving the Java exception
+    as it was: the job said "train failed ... Py4JJavaError ... (traceback above)")."""
+    import re
+
+    from pipeline import cli
+
+    (tmp_path / "afile").write_text("not a directory\n")
+    target = f"file://{tmp_path}/afile/checkpoints/merges-000000060.txt"
+    with pytest.raises(fsutil.WriteFailed) as info:
+        fsutil.write_text(spark, target, "merges\n")
+    assert info.value.filename == target and info.value.strerror
+    assert "\n" not in info.value.strerror and "afile" in info.value.strerror
+    assert (tmp_path / "afile").read_text() == "not a directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+    monkeypatch.setattr(cli, "setup_logging", lambda level: None)  # (pytest's logging stays)
+    code = cli._run("train", "train", lambda cfg: fsutil.write_text(spark, target, "x"), [])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == cli.EXIT_FAILED
+    assert re.match(rf"error: train could not write {re.escape(target)} in stage '\w+': "
+                    r"[^\n]+; what was written before \(the word table, the checkpoints\) is "
+                    r"intact: .+, then rerun the same command to resume$", last), last
