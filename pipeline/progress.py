@@ -5,9 +5,11 @@ it starts and ends, and a heartbeat at most every ``every`` seconds while it run
 background ticker makes sure one comes at least that often even when the stage's code is busy
 in one long call): what is done out of what, the rate, the time elapsed and left. The same
 events go to ``progress.jsonl`` in the output directory, one JSON object per line, for
-dashboards. On a real terminal a progress bar is drawn too; it is cleared before every log
-line and redrawn after it, so the two never mix. Under spark-submit or a scheduler there is no
-terminal: the log is the progress.
+dashboards (appended locally; on HDFS and object stores, which cannot append, the whole file
+is written again at most every ``WholeFileJsonl.every`` seconds and at each stage's end). On
+a real terminal a progress bar is drawn too; it is cleared before every log line and redrawn
+after it, so the two never mix. Under spark-submit or a scheduler there is no terminal: the
+log is the progress.
 """
 
 from __future__ import annotations
@@ -206,14 +208,62 @@ class Stage:
             self.progress.emit(rec, text)
 
 
+class WholeFileJsonl:
+    """``progress.jsonl`` where a file cannot be appended to (HDFS, object stores): the lines
+    are kept in memory, after the earlier attempts' lines (``read``, at the first event), and
+    ``write`` puts the whole file again at most every ``every`` seconds, and at once when
+    ``add`` is told to flush (a stage's end or error). At most ``max_lines`` lines are kept:
+    past that the oldest heartbeats go first; starts, ends and errors stay. A failed write
+    is a warning (once) and is tried again at the next event; it never fails the job."""
+
+    def __init__(self, write: Callable[[str], None], read: Callable[[], str],
+                 every: float = 30.0, max_lines: int = 10_000, where: str = "progress.jsonl"):
+        self.write, self.read, self.every, self.max_lines = write, read, every, max_lines
+        self.where = where
+        self.lines: list[tuple[str, bool]] | None = None  # (line, is a heartbeat)
+        self.written_at: float | None = None
+        self.warned = False
+
+    def add(self, line: str, heartbeat: bool, flush: bool) -> None:
+        if self.lines is None:
+            try:
+                earlier = self.read()
+            except Exception as exc:  # noqa: BLE001 - unreadable: start afresh, say so
+                log.warning("cannot read %s (%s); it is written afresh", self.where, exc)
+                earlier = ""
+            self.lines = [(x, False) for x in earlier.splitlines() if x.strip()]
+        self.lines.append((line, heartbeat))
+        if len(self.lines) > self.max_lines:
+            oldest = next((i for i, (_, beat) in enumerate(self.lines) if beat), 0)
+            del self.lines[oldest]
+        now = time.monotonic()
+        if flush or self.written_at is None or now - self.written_at >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.lines is None:
+            return
+        try:
+            self.write("".join(line + "\n" for line, _ in self.lines))
+            self.written_at = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - a dashboard file must not fail the job
+            if not self.warned:
+                log.warning("cannot write %s (%s); heartbeats stay in the log until a "
+                            "later write succeeds", self.where, exc)
+                self.warned = True
+
+
 class Progress:
     """The heartbeats of one job (see the module docstring). ``jsonl``: a local path for
-    ``progress.jsonl`` (None: log only); ``bar``: draw a bar when stderr is a terminal."""
+    ``progress.jsonl`` (None: log only), or a :class:`WholeFileJsonl` for a file that cannot
+    be appended to; ``bar``: draw a bar when stderr is a terminal."""
 
-    def __init__(self, job: str, jsonl: str | None = None, every: float = HEARTBEAT_SECONDS,
-                 bar: bool = True):
+    def __init__(self, job: str, jsonl: str | WholeFileJsonl | None = None,
+                 every: float = HEARTBEAT_SECONDS, bar: bool = True):
         global _bar
         self.job, self.every = job, every
+        self.whole_file = jsonl if isinstance(jsonl, WholeFileJsonl) else None
+        jsonl = None if self.whole_file is not None else jsonl
         self.jsonl = jsonl
         self.stages: list[Stage] = []  # running, outermost first
         self.lock = threading.Lock()
@@ -236,6 +286,9 @@ class Progress:
                "job": self.job, **rec}
         with self.lock:
             log.info(text)
+            if self.whole_file is not None:
+                self.whole_file.add(json.dumps(rec, default=str), rec["event"] == "beat",
+                                    flush=rec["event"] in ("end", "error"))
             if self.jsonl:
                 try:
                     with open(self.jsonl, "a", encoding="utf-8") as fh:
@@ -296,6 +349,9 @@ class Progress:
 
     def close(self) -> None:
         global _bar
+        if self.whole_file is not None:
+            with self.lock:
+                self.whole_file.flush()
         if self.bar is not None:
             self.bar.close()
             _bar = None

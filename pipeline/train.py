@@ -68,7 +68,7 @@ from pipeline.outputs import (
     write_run_json,
     write_trace,
 )
-from pipeline.progress import Progress, Stage
+from pipeline.progress import Progress, Stage, WholeFileJsonl
 from pipeline.report import check_report_sample, write_report
 from pipeline.spark_session import start_session
 
@@ -572,8 +572,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     with contextlib.ExitStack() as stack:
         leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
                   for d in _leased_dirs(cfg)]
-        progress = progress or Progress("train", _progress_file(cfg), cfg.heartbeat_seconds,
-                                        bar=cfg.progress_bar)
+        progress = progress or Progress("train", _progress_file(cfg, spark),
+                                        cfg.heartbeat_seconds, bar=cfg.progress_bar)
         with progress.stage("prepare"):
             prep = prepare(spark, cfg, progress, session_seconds, frame)
         if prep.done is not None:
@@ -620,11 +620,20 @@ def tokenizer_name(cfg: Config) -> str:
     return "spark-bpe-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-")
 
 
-def _progress_file(cfg: Config) -> str | None:
-    """``RUN_DIR/progress.jsonl`` for a local run directory (elsewhere the log is the record)."""
-    if not cfg.output or not fsutil.is_local(cfg.output):
+def _progress_file(cfg: Config, spark: SparkSession) -> str | WholeFileJsonl | None:
+    """``RUN_DIR/progress.jsonl``: appended to in a local run directory, written whole now and
+    then on HDFS or an object store (which cannot append)."""
+    if not cfg.output:
         return None
-    return fsutil.local_path(fsutil.join(cfg.output, "progress.jsonl"))
+    path = fsutil.join(cfg.output, "progress.jsonl")
+    if fsutil.is_local(path):
+        return fsutil.local_path(path)
+
+    def earlier() -> str:
+        return fsutil.read_text(spark, path) if fsutil.exists(spark, path) else ""
+
+    return WholeFileJsonl(lambda text: fsutil.write_text(spark, path, text), earlier,
+                          where=path)
 
 
 def _invalidate_run(spark: SparkSession, run_dir: str) -> None:

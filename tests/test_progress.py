@@ -11,7 +11,13 @@ import time
 import pytest
 
 from pipeline import progress as progress_mod
-from pipeline.progress import BarAwareHandler, Progress, TerminalBar, current_stage
+from pipeline.progress import (
+    BarAwareHandler,
+    Progress,
+    TerminalBar,
+    WholeFileJsonl,
+    current_stage,
+)
 
 
 def test_a_stage_beats_at_most_every_interval_and_ends_with_a_summary(tmp_path, caplog):
@@ -39,6 +45,66 @@ def test_a_second_attempt_appends_to_progress_jsonl(tmp_path):
     events = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert [(e["job"], e["event"]) for e in events] == [
         ("first", "start"), ("first", "end"), ("second", "start"), ("second", "end")]
+
+
+class Store:
+    """A file on a filesystem that cannot append (HDFS, S3): whole writes only."""
+
+    def __init__(self, text: str = "", fail: int = 0):
+        self.text, self.writes, self.fail = text, 0, fail
+
+    def write(self, text: str) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise OSError("store unavailable")
+        self.text, self.writes = text, self.writes + 1
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(e["job"], e["event"]) for e in map(json.loads, self.text.splitlines())]
+
+
+def test_progress_jsonl_where_appending_is_impossible_is_written_whole(caplog):
+    """On HDFS or an object store: the earlier attempts' lines kept, the first event written
+    at once, heartbeats at most every ``every`` seconds, every stage's end at once; a failed
+    write is one warning and the next event's write catches up."""
+    earlier = json.dumps({"job": "first", "event": "end"}) + "\n"
+    store = Store(earlier, fail=1)
+    sink = WholeFileJsonl(store.write, lambda: store.text, every=60, where="s3a://b/run/p")
+    prog = Progress("second", sink, every=0.05, bar=False)
+    assert prog.jsonl is None
+    with prog.stage("merges"):  # start: its write fails (warned), nothing lost
+        time.sleep(0.4)  # several beats: the first one's write catches up, then none (60 s)
+        assert store.writes == 1 and store.events() == [("first", "end"), ("second", "start"),
+                                                        ("second", "beat")]
+    assert store.writes == 2  # the stage's end, with everything before it
+    events = store.events()
+    assert events[0] == ("first", "end") and events[1] == ("second", "start")
+    assert events[-1] == ("second", "end") and events.count(("second", "beat")) >= 3
+    assert caplog.text.count("cannot write s3a://b/run/p (store unavailable)") == 1
+    with pytest.raises(RuntimeError), prog.stage("report"):
+        raise RuntimeError("boom")
+    assert store.writes == 3 and store.events()[-1] == ("second", "error")
+
+
+def test_a_long_run_keeps_its_starts_and_ends_and_the_newest_heartbeats():
+    store = Store()
+    sink = WholeFileJsonl(store.write, lambda: "", every=0, max_lines=6)
+    prog = Progress("train", sink, every=0.02, bar=False)
+    with prog.stage("count"):
+        time.sleep(0.3)
+    kinds = [e for _, e in store.events()]
+    assert len(kinds) == 6 and kinds[0] == "start" and kinds[-1] == "end"
+    assert kinds[1:-1] == ["beat"] * 4  # the newest four of many
+
+
+def test_a_run_directory_on_a_store_gets_a_whole_file_progress_jsonl(tmp_path):
+    from pipeline.config import Config
+    from pipeline.train import _progress_file
+
+    assert isinstance(_progress_file(Config(output="s3a://lake/runs/r1"), None),
+                      WholeFileJsonl)
+    assert _progress_file(Config(output=str(tmp_path / "r")), None) == str(
+        tmp_path / "r" / "progress.jsonl")
 
 
 def test_a_busy_stage_still_beats_and_a_failure_is_recorded(tmp_path, caplog):
