@@ -45,6 +45,7 @@ class Run:
     merges: int
     stats: dict = field(repr=False)
     already_done: bool = False
+    names: tuple[str, ...] = field(default=(), repr=False)  # what the run directory holds
 
     def tokenizer(self) -> Tokenizer:
         """The reference encoder for this run (``pipeline.encoder.Tokenizer``)."""
@@ -60,9 +61,9 @@ class Run:
 
     @property
     def files(self) -> list[str]:
-        names = ["merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
-                 "tiktoken.json", "report.html", "stats.json", "run.json"]
-        return [fsutil.join(self.dir, n) for n in names]
+        """The paths of the run's files that exist (a ``chars`` run has no tiktoken export;
+        ``words`` and ``checkpoints`` are directories and not listed)."""
+        return [fsutil.join(self.dir, n) for n in self.names]
 
 
 _API_NAMES = {TRAIN: "train", COUNT: "count_words", ENCODE: "encode"}
@@ -155,11 +156,20 @@ def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,
     session, started = _session(cfg, spark, "spark-bpe api train")
     try:
         result = train_run(session, cfg, frame=frame)
+        names = _run_files(session, result.run_dir)
     finally:
         if started:
             session.stop()
     return Run(result.run_dir, int(result.stats.get("merges", len(result.merges))),
-               result.stats, result.already_done)
+               result.stats, result.already_done, names)
+
+
+def _run_files(spark: SparkSession, run_dir: str) -> tuple[str, ...]:
+    """The files a finished run directory holds, of those a run writes."""
+    from pipeline.outputs import RUN_ENTRIES
+
+    present = set(fsutil.list_dir(spark, run_dir) or ())
+    return tuple(n for n in RUN_ENTRIES if n in present and n not in ("words", "checkpoints"))
 
 
 def count_words(corpus: str | list[str] | DataFrame, *, output: str,

@@ -4,6 +4,7 @@ gives the same word table (counts and first-seen order) and the same merges as P
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 
 import pyarrow as pa
@@ -341,6 +342,10 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     assert run.tiktoken().encode("In the beginning") == run.tokenizer().encode(
         "In the beginning")
     assert run.tiktoken().name == "spark-bpe-run"  # named after the run directory
+    on_disk = sorted(f.name for f in (tmp_path / "run").iterdir()
+                     if f.is_file() and not f.name.startswith("."))
+    assert sorted(os.path.basename(f) for f in run.files) == on_disk
+    assert "run.json" in on_disk and "tokenizer_meta.json" in on_disk
     frame = spark.read.parquet(str(SAMPLE))  # one file: its rows in order
     by_frame = api.train(frame, output=str(tmp_path / "frame"), vocab_size=500)
     assert by_frame.stats["merges"] == 243
