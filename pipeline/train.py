@@ -452,6 +452,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
     mlog.stage.update(note="")  # rounds now
     t0 = time.time()
     try:
+        faults.at("spark_rounds")  # tests: a kill while the executors hold partition states
         res = run_rounds(
             parts, [len(t) for t in mlog.vocab], mlog.wanted, cfg.min_pair_count,
             cfg.max_token_bytes or None, cfg.max_batch if cfg.batch_merges else 1,

@@ -395,6 +395,39 @@ def test_overlapping_runs_on_one_directory_do_not_interleave(spark, corpus, tmp_
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_sigterm_during_spark_rounds_leaves_no_partition_state(spark, corpus, tmp_path, procs):
+    """SIGTERM to spark-submit while the Spark engine's executors hold their partition states
+    (memory-mapped files in Spark's local directories) and its chunks (on disk): exit 143 with
+    the documented line, nothing of the run left in spark.local.dir, the lease released, the
+    checkpoint valid."""
+    _, run, args = first_run(spark, corpus, tmp_path, 100)
+    args[args.index("--engine") + 1] = "spark"
+    local = tmp_path / "spark-local"
+    local.mkdir()
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "spark-rounds",
+               conf={"spark.local.dir": str(local)},
+               env=job_env(SPARK_BPE_INJECT="spark_rounds=pause:60"))
+    procs.append(p)
+
+    def states() -> list[Path]:
+        return [d for d in local.rglob("spark-bpe-*") if d.is_dir()]
+
+    p.wait_until(lambda: bool(states()), 120, "the partition states")
+    os.kill(p.proc.pid, signal.SIGTERM)
+    assert p.wait(60) == 143, p.tail()
+    assert p.last_line() == ("error: train terminated (SIGTERM or SIGINT to spark-submit); "
+                             "rerun the same command to resume"), p.tail()
+    deadline = time.time() + 20
+    while (p.members() or list(local.iterdir())) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not p.members(), f"left running: {p.members()}"
+    assert not list(local.iterdir()), f"left in spark.local.dir: {list(local.rglob('*'))[:5]}"
+    assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
+    assert not (run / ".lease.json").exists()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path,
                                                                  procs):
     """The disk fills up while checkpoints are written (no file may grow past 2 KB): exit 1,
