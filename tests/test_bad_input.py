@@ -171,7 +171,8 @@ def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_
 @pytest.mark.parametrize("merge", ["driver", "spark"])
 def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spark, tmp_path,
                                                                              merge):
-    """Its footer reads, one row group's data does not: with ignore_corrupt_files every row
+    """Its footer reads, one row group's data does not: by default one error naming the file;
+    with ignore_corrupt_files every row
     of the file is left out, also the row groups other tasks read, so that the word table is
     the same for any number of tasks (it counted 50 or 150 of its rows before)."""
     from pipeline.count.word_count import count_words
@@ -190,6 +191,14 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     tables = []
     for parts in (1, 4):
         out = tmp_path / f"w{parts}"
+        # by default: one line naming the file and what is wrong, nothing written
+        with pytest.raises(ConfigError, match=r"^config key 'input': \S*/part-1\.parquet is "
+                                              r"not a readable Parquet file \(.+\); fix or "
+                                              r"remove it, or pass --ignore-corrupt-files"):
+            count_words(spark, Config(input=str(tmp_path / "in"), output=str(out),
+                                      num_partitions=parts, count_merge=merge))
+        assert not [f.name for f in tmp_path.iterdir()  # no table, staging or lease left
+                    if f.name.startswith((out.name, f".{out.name}"))]
         count_words(spark, Config(input=str(tmp_path / "in"), output=str(out),
                                   num_partitions=parts, ignore_corrupt_files=True,
                                   count_merge=merge))
