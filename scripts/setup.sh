@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup: Java 17+ (apt, if missing and we are root), a .venv with spark-bpe and its
-# test dependencies. Safe to run again.
+# Idempotent setup: Java 17+ (apt, if missing and we are root), a .venv with spark-bpe, PySpark
+# (the [spark] extra) and the test dependencies. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,5 +27,5 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[spark,test]"
 echo "setup: ready (.venv, $(java -version 2>&1 | head -n 1))" >&2
