@@ -453,6 +453,33 @@ def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, 
 
 
 @pytest.mark.spark
+@pytest.mark.slow
+def test_a_failed_output_write_is_one_line_and_the_rerun_only_writes(spark, corpus, tmp_path,
+                                                                     procs):
+    """The disk fills up after training, while the outputs are written (no file may grow past
+    2 KB from there: trace.tsv does): exit 1, one line naming the file and the stage, no
+    run.json; the checkpoint holds every merge, so the same command trains nothing and
+    writes the outputs."""
+    ref, run, args = first_run(spark, corpus, tmp_path, 60)
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "outputs-full",
+               env=job_env(SPARK_BPE_INJECT="outputs=fsize:2048"))
+    procs.append(p)
+    assert p.wait(180) == 1, p.tail()
+    last = p.last_line()
+    assert re.match(r"error: train could not write \S+/trace\.tsv in stage 'outputs': "
+                    r"File too large; .* rerun the same command to resume$", last), last
+    assert not (run / "run.json").exists()
+    assert newest_checkpoint(run / "checkpoints") == VOCAB - 257
+
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "room-again")
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert p.last_line().startswith(f"served {VOCAB - 257} merges from the checkpoint"), \
+        p.tail()
+    assert merges_txt(run) == merges_txt(ref) and (run / "run.json").exists()
+
+
+@pytest.mark.spark
 def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path, procs):
     words = tmp_path / "words"
     shutil.copytree(reference_run(spark, corpus, VOCAB).parent / "reference-words", words)
