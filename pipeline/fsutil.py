@@ -108,20 +108,32 @@ _JAVA_ERRNOS = (("AccessControlException", errno.EACCES), ("AccessDenied", errno
                 ("ParentNotDirectory", errno.ENOTDIR), ("not a directory", errno.ENOTDIR))
 
 
+def _java_io_error(spark: SparkSession, exc: BaseException) -> str | None:
+    """The text of a ``java.io.IOException`` (any subclass) behind a py4j error, else None
+    (another Java error, such as an OutOfMemoryError, a lost JVM, a Python error)."""
+    java = getattr(exc, "java_exception", None)  # py4j.protocol.Py4JJavaError
+    if java is None or isinstance(exc, OSError):
+        return None
+    try:
+        from py4j.java_gateway import is_instance_of
+
+        if not is_instance_of(spark.sparkContext._gateway, java, "java.io.IOException"):
+            return None
+        return str(java.toString()).strip()
+    except Exception:  # noqa: BLE001 - the JVM went away meanwhile
+        return None
+
+
 @contextlib.contextmanager
-def _writing(path: str):
-    """Hadoop write calls on ``path``: a Java exception from them becomes :class:`WriteFailed`
-    (a lost JVM or a Python error is left as it is)."""
+def _writing(spark: SparkSession, path: str):
+    """Hadoop write calls on ``path``: a Java IOException from them becomes
+    :class:`WriteFailed` (anything else is left as it is)."""
     try:
         yield
     except Exception as exc:
-        java = getattr(exc, "java_exception", None)  # py4j.protocol.Py4JJavaError
-        if java is None or isinstance(exc, OSError):
+        text = _java_io_error(spark, exc)
+        if text is None:
             raise
-        try:
-            text = str(java.toString()).strip()
-        except Exception:  # noqa: BLE001 - the JVM went away meanwhile
-            raise exc from None
         first = text.splitlines()[0] if text else type(exc).__name__
         code = next((e for key, e in _JAVA_ERRNOS if key.lower() in text.lower()), errno.EIO)
         raise WriteFailed(code, first, path) from exc
@@ -132,7 +144,7 @@ def mkdirs(spark: SparkSession | None, path: str) -> None:
         os.makedirs(local_path(path), exist_ok=True)
         return
     fs, p = _fs(spark, path)
-    with _writing(path):
+    with _writing(spark, path):
         fs.mkdirs(p)
 
 
@@ -214,7 +226,7 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
     fs, p = _fs(spark, path)
     jvm = spark.sparkContext._jvm
     tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".tmp-{uuid.uuid4().hex[:8]}")
-    with _writing(path):
+    with _writing(spark, path):
         try:
             out = fs.create(tmp, True)
             try:
@@ -292,9 +304,14 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
             fh.write(text)
         return True
     fs, p = _fs(spark, path)
-    with _writing(path):
-        if not fs.createNewFile(p):
+    try:
+        with _writing(spark, path):
+            if not fs.createNewFile(p):
+                return False
+    except WriteFailed as exc:  # a store that says so with an exception: another run won
+        if "FileAlreadyExistsException" in exc.strerror:
             return False
+        raise
     write_text(spark, path, text)
     return True
 
@@ -368,7 +385,7 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
         return
     fs, pf = _fs(spark, final)
     _, pt = _fs(spark, tmp)
-    with _writing(final):
+    with _writing(spark, final):
         if fs.exists(pf):
             fs.delete(pf, True)
         if not fs.rename(pt, pf):

@@ -92,6 +92,22 @@ def test_a_failed_write_through_hadoop_is_one_line_naming_the_file(spark, tmp_pa
     assert "\n" not in info.value.strerror and "afile" in info.value.strerror
     assert (tmp_path / "afile").read_text() == "not a directory\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    # refused after the temp file was written (the rename onto a directory that is not
+    # empty): the temp file is removed
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "adir" / "x").write_text("x")
+    with pytest.raises(fsutil.WriteFailed) as info:
+        fsutil.write_text(spark, f"file://{tmp_path}/adir", "merges\n")
+    assert info.value.filename == f"file://{tmp_path}/adir" and info.value.strerror
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".crc")) == [
+        "adir", "afile"]
+
+    # a Java error that is not an IOException (an OutOfMemoryError, say) is left as it is
+    from py4j.protocol import Py4JJavaError
+
+    with pytest.raises(Py4JJavaError, match="NullPointerException"), \
+            fsutil._writing(spark, target):
+        spark.sparkContext._jvm.java.util.Objects.requireNonNull(None)
 
     monkeypatch.setattr(cli, "setup_logging", lambda level: None)  # (pytest's logging stays)
     code = cli._run("train", "train", lambda cfg: fsutil.write_text(spark, target, "x"), [])
