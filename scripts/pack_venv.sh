@@ -29,7 +29,8 @@ done
 "$PY" -m venv "$BUILD/venv"
 "$BUILD/venv/bin/python" -m pip install -q --upgrade pip
 "$BUILD/venv/bin/python" -m pip install -q venv-pack "${pins[@]}"
-# the package itself, not editable and without its pyspark dependency; built from a copy so
+# the package itself, not editable and without dependencies (pyspark is only in its [spark]
+# extra; the rest is pinned above); built from a copy so
 # that no build/ directory is left in the checkout
 mkdir -p "$BUILD/src"
 cp -r pyproject.toml README.md pipeline "$BUILD/src/"
