@@ -436,7 +436,8 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
 RUN_FILE = "run.json"
 RUN_FORMAT = "spark-bpe run"
 RUN_VERSION = 1
-_CHECKED_FILES = ("merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
+# the exports run.json lists with their SHA-256 (a chars run writes only some of them)
+EXPORT_FILES = ("merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
                   "tiktoken.json", "tokenizer_meta.json")
 
 
@@ -479,7 +480,7 @@ def write_run_json(run_dir: str, summary: dict, spark=None) -> None:
     """``run.json``, written last: the run is complete, and these are its files (the SHA-256
     of every export, so a reader can tell a file another run changed afterwards)."""
     j = fsutil.join
-    files = {n: _sha256_text(spark, j(run_dir, n)) for n in _CHECKED_FILES
+    files = {n: _sha256_text(spark, j(run_dir, n)) for n in EXPORT_FILES
              if fsutil.exists(spark, j(run_dir, n))}
     fsutil.write_text(spark, j(run_dir, RUN_FILE), json.dumps(
         {"format": RUN_FORMAT, "version": RUN_VERSION, **summary, "files": files}, indent=2))

@@ -210,47 +210,102 @@ class Stage:
 
 class WholeFileJsonl:
     """``progress.jsonl`` where a file cannot be appended to (HDFS, object stores): the lines
-    are kept in memory, after the earlier attempts' lines (``read``, at the first event), and
-    ``write`` puts the whole file again at most every ``every`` seconds, and at once when
-    ``add`` is told to flush (a stage's end or error). At most ``max_lines`` lines are kept:
-    past that the oldest heartbeats go first; starts, ends and errors stay. A failed write
-    is a warning (once) and is tried again at the next event; it never fails the job."""
+    are kept in memory and a writer thread puts the whole file (the earlier attempts' lines,
+    read before its first write, then these) at most every ``every`` seconds, and as soon as
+    it can when ``add`` is told to flush (a stage's end or error). The job never waits for a
+    write (a store that hangs delays the file, not the run), but :meth:`close`, at the end,
+    waits for the last one up to ``close_timeout`` seconds. At most ``max_lines`` lines are
+    kept: past that the oldest heartbeats go first; starts, ends and errors stay. A failed
+    write is a warning (once) and the next one comes at the same pace. ``allowed``: False
+    once this process must not write there (its run lost the directory's lease)."""
 
     def __init__(self, write: Callable[[str], None], read: Callable[[], str],
-                 every: float = 30.0, max_lines: int = 10_000, where: str = "progress.jsonl"):
+                 every: float = 30.0, max_lines: int = 10_000, where: str = "progress.jsonl",
+                 allowed: Callable[[], bool] = lambda: True, close_timeout: float = 30.0):
         self.write, self.read, self.every, self.max_lines = write, read, every, max_lines
-        self.where = where
-        self.lines: list[tuple[str, bool]] | None = None  # (line, is a heartbeat)
-        self.written_at: float | None = None
+        self.where, self.allowed, self.close_timeout = where, allowed, close_timeout
+        self.earlier: list[tuple[str, bool]] | None = None  # read before the first write
+        self.lines: list[tuple[str, bool]] = []  # (line, is a heartbeat)
+        self.asked_at: float | None = None  # when a write was last asked for
         self.warned = False
+        self.lock = threading.Lock()  # the lines
+        self.writing = threading.Lock()  # one write at a time, each of the newest lines
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.version = self.written_version = 0
 
     def add(self, line: str, heartbeat: bool, flush: bool) -> None:
-        if self.lines is None:
-            try:
-                earlier = self.read()
-            except Exception as exc:  # noqa: BLE001 - unreadable: start afresh, say so
-                log.warning("cannot read %s (%s); it is written afresh", self.where, exc)
-                earlier = ""
-            self.lines = [(x, False) for x in earlier.splitlines() if x.strip()]
-        self.lines.append((line, heartbeat))
-        if len(self.lines) > self.max_lines:
-            oldest = next((i for i, (_, beat) in enumerate(self.lines) if beat), 0)
-            del self.lines[oldest]
+        with self.lock:
+            self.lines.append((line, heartbeat))
+            self.version += 1
+            self._trim()
         now = time.monotonic()
-        if flush or self.written_at is None or now - self.written_at >= self.every:
+        if flush or self.asked_at is None or now - self.asked_at >= self.every:
+            self.asked_at = now  # (a write asked for and failed counts: the pace stays)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name="spark-bpe-progress-file")
+                self.thread.start()
+            self.wake.set()
+
+    def _trim(self) -> None:
+        earlier = self.earlier if self.earlier is not None else []
+        while len(earlier) + len(self.lines) > self.max_lines:
+            for part in (earlier, self.lines):  # the oldest heartbeat first, else the oldest
+                at = next((i for i, (_, beat) in enumerate(part) if beat), None)
+                if at is not None:
+                    del part[at]
+                    break
+            else:
+                del (earlier or self.lines)[0]
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
             self.flush()
 
     def flush(self) -> None:
-        if self.lines is None:
-            return
+        """Write the newest lines now (unless they are written already)."""
+        with self.writing:
+            if self.version == self.written_version or not self.allowed():
+                return
+            if self.earlier is None:
+                self.earlier = self._read_earlier()
+            with self.lock:
+                self._trim()
+                version = self.version
+                text = "".join(x + "\n" for x, _ in self.earlier + self.lines)
+            try:
+                self.write(text)
+                self.written_version = version
+            except Exception as exc:  # noqa: BLE001 - a dashboard file must not fail the job
+                if not self.warned:
+                    log.warning("cannot write %s (%s); heartbeats stay in the log until a "
+                                "later write succeeds", self.where, exc)
+                    self.warned = True
+
+    def _read_earlier(self) -> list[tuple[str, bool]]:
         try:
-            self.write("".join(line + "\n" for line, _ in self.lines))
-            self.written_at = time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - a dashboard file must not fail the job
-            if not self.warned:
-                log.warning("cannot write %s (%s); heartbeats stay in the log until a "
-                            "later write succeeds", self.where, exc)
-                self.warned = True
+            text = self.read()
+        except Exception as exc:  # noqa: BLE001 - unreadable: start afresh, say so
+            log.warning("cannot read %s (%s); it is written afresh", self.where, exc)
+            return []
+        out = []
+        for x in text.splitlines():
+            if x.strip():
+                try:
+                    beat = json.loads(x).get("event") == "beat"
+                except (ValueError, AttributeError):
+                    beat = False
+                out.append((x, beat))
+        return out
+
+    def close(self) -> None:
+        """Write the last lines, waiting at most ``close_timeout`` seconds."""
+        done = threading.Thread(target=self.flush, daemon=True)
+        done.start()
+        done.join(self.close_timeout)
 
 
 class Progress:
@@ -350,8 +405,7 @@ class Progress:
     def close(self) -> None:
         global _bar
         if self.whole_file is not None:
-            with self.lock:
-                self.whole_file.flush()
+            self.whole_file.close()
         if self.bar is not None:
             self.bar.close()
             _bar = None

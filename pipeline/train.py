@@ -60,6 +60,7 @@ from pipeline.memory import (
     release_freed_memory,
 )
 from pipeline.outputs import (
+    EXPORT_FILES,
     IncompleteRun,
     TrainedTokenizer,
     check_run,
@@ -308,8 +309,10 @@ class Prepared:
 
 
 def prepare(spark: SparkSession, cfg: Config, progress: Progress,
-            session_seconds: float = 0.0, frame: DataFrame | None = None) -> Prepared:
-    """Stage 1: the word table, the settings fingerprint, the checkpoint, the engine."""
+            session_seconds: float = 0.0, frame: DataFrame | None = None,
+            guard: Callable[[], None] = lambda: None) -> Prepared:
+    """Stage 1: the word table, the settings fingerprint, the checkpoint, the engine.
+    ``guard`` raises when the run lost its lease: called before the checkpoints are touched."""
     check_report_sample(cfg)
     if frame is not None or _will_use_spark_sql(cfg):
         start_session(spark)
@@ -343,6 +346,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
             and cfg.resume != "never" and _outputs_still_valid(spark, cfg, done)):
         prep.done = done
         return prep
+    guard()  # (the count may have taken long: the directory may be another run's by now)
     ckpt.clean_temp()
     if cfg.resume == "never":
         ckpt.clear()
@@ -573,19 +577,23 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     with contextlib.ExitStack() as stack:
         leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
                   for d in _leased_dirs(cfg)]
-        progress = progress or Progress("train", _progress_file(cfg, spark),
-                                        cfg.heartbeat_seconds, bar=cfg.progress_bar)
-        with progress.stage("prepare"):
-            prep = prepare(spark, cfg, progress, session_seconds, frame)
-        if prep.done is not None:
-            log.info("run at %s is already complete (%d merges); nothing to do",
-                     cfg.output, prep.done.get("merges"))
-            return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
-        _invalidate_run(spark, cfg.output)
+        own_progress = progress is None
+        progress = progress or Progress(
+            "train", _progress_file(cfg, spark, lambda: not any(x.lost for x in leases)),
+            cfg.heartbeat_seconds, bar=cfg.progress_bar)
+        stack.callback(lambda: own_progress and progress.close())  # (the file's last write)
         def still_ours() -> None:  # never write over a run that took the directory meanwhile
             for lease in leases:
                 lease.check()
 
+        with progress.stage("prepare"):
+            prep = prepare(spark, cfg, progress, session_seconds, frame, still_ours)
+        if prep.done is not None:
+            log.info("run at %s is already complete (%d merges); nothing to do",
+                     cfg.output, prep.done.get("merges"))
+            return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
+        still_ours()
+        _invalidate_run(spark, cfg.output)
         out = make_merges(spark, prep, progress, still_ours)
         still_ours()
         return publish(spark, prep, out, progress, t_start)
@@ -621,9 +629,11 @@ def tokenizer_name(cfg: Config) -> str:
     return "spark-bpe-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-")
 
 
-def _progress_file(cfg: Config, spark: SparkSession) -> str | WholeFileJsonl | None:
+def _progress_file(cfg: Config, spark: SparkSession, allowed: Callable[[], bool] = lambda: True
+                   ) -> str | WholeFileJsonl | None:
     """``RUN_DIR/progress.jsonl``: appended to in a local run directory, written whole now and
-    then on HDFS or an object store (which cannot append)."""
+    then on HDFS or an object store (which cannot append), while ``allowed`` (the run holds
+    the directory's lease: a run that lost it must not write over the new holder's file)."""
     if not cfg.output:
         return None
     path = fsutil.join(cfg.output, "progress.jsonl")
@@ -634,14 +644,19 @@ def _progress_file(cfg: Config, spark: SparkSession) -> str | WholeFileJsonl | N
         return fsutil.read_text(spark, path) if fsutil.exists(spark, path) else ""
 
     return WholeFileJsonl(lambda text: fsutil.write_text(spark, path, text), earlier,
-                          where=path)
+                          where=path, allowed=allowed)
 
 
 def _invalidate_run(spark: SparkSession, run_dir: str) -> None:
     """A run about to rewrite a run directory first removes its ``run.json``: until the new
-    one is written, the directory does not claim to hold a complete run."""
+    one is written, the directory does not claim to hold a complete run. The earlier run's
+    exports go too, so that none this run does not write (a chars run writes no tiktoken
+    files) stays beside its run.json."""
     path = fsutil.join(run_dir, "run.json")
     if fsutil.exists(spark, path):
         log.info("%s holds an earlier run; it is marked incomplete until this one is "
                  "published", run_dir)
         fsutil.delete(spark, path)
+    for name in EXPORT_FILES:
+        if fsutil.exists(spark, fsutil.join(run_dir, name)):
+            fsutil.delete(spark, fsutil.join(run_dir, name))

@@ -251,9 +251,10 @@ def test_a_checkpoint_dir_equal_to_the_output_is_leased_once(spark, tmp_path, mo
 
 @pytest.mark.spark
 def test_a_run_that_lost_its_lease_writes_no_checkpoint(spark, tmp_path, monkeypatch):
-    """A run whose lease another run took while it trained stops at its next checkpoint: it
-    neither writes one nor prunes the new holder's (made to fail by calling MergeLog without
-    the guard: the run wrote merges-*.txt, then stopped only before publishing)."""
+    """A run whose lease another run took while it counted or trained touches no checkpoint:
+    it neither cleans, writes nor prunes the new holder's (made to fail by calling MergeLog
+    without the guard: the run wrote merges-*.txt, then stopped only before publishing; and
+    by calling prepare without it: the holder's temp file was cleaned away)."""
     from pipeline import train as train_module
     from pipeline.config import Config
 
@@ -270,8 +271,12 @@ def test_a_run_that_lost_its_lease_writes_no_checkpoint(spark, tmp_path, monkeyp
     pq.write_table(pa.table({"text": texts}), tmp_path / "in" / "a.parquet")
     cfg = Config(input=str(tmp_path / "in"), output=str(tmp_path / "run"), vocab_size=600,
                  checkpoint_every_merges=1, progress_bar=False)
+    holders = tmp_path / "run" / "checkpoints" / ".tmp-holder"  # the new holder's, half-written
+    holders.parent.mkdir(parents=True)
+    holders.write_text("#spark-bpe merges checkpoint v2\n")
     with pytest.raises(LeaseHeld, match="took over"):
         train_module.train(spark, cfg)
     assert (tmp_path / "run" / "words" / "word_table.json").exists()  # it got that far
+    assert holders.exists()  # not cleaned away: the checkpoints are not this run's any more
     assert not list((tmp_path / "run").rglob("merges*.txt"))
     assert not (tmp_path / "run" / "run.json").exists()

@@ -48,12 +48,14 @@ def test_a_second_attempt_appends_to_progress_jsonl(tmp_path):
 
 
 class Store:
-    """A file on a filesystem that cannot append (HDFS, S3): whole writes only."""
+    """A file on a filesystem that cannot append (HDFS, S3): whole writes only; ``fail``
+    writes fail first, each write takes ``delay`` seconds."""
 
-    def __init__(self, text: str = "", fail: int = 0):
-        self.text, self.writes, self.fail = text, 0, fail
+    def __init__(self, text: str = "", fail: int = 0, delay: float = 0.0):
+        self.text, self.writes, self.fail, self.delay = text, 0, fail, delay
 
     def write(self, text: str) -> None:
+        time.sleep(self.delay)
         if self.fail:
             self.fail -= 1
             raise OSError("store unavailable")
@@ -63,38 +65,85 @@ class Store:
         return [(e["job"], e["event"]) for e in map(json.loads, self.text.splitlines())]
 
 
+def until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
 def test_progress_jsonl_where_appending_is_impossible_is_written_whole(caplog):
     """On HDFS or an object store: the earlier attempts' lines kept, the first event written
     at once, heartbeats at most every ``every`` seconds, every stage's end at once; a failed
-    write is one warning and the next event's write catches up."""
+    write is one warning, and the next write (at the same pace) catches up."""
     earlier = json.dumps({"job": "first", "event": "end"}) + "\n"
     store = Store(earlier, fail=1)
     sink = WholeFileJsonl(store.write, lambda: store.text, every=60, where="s3a://b/run/p")
     prog = Progress("second", sink, every=0.05, bar=False)
     assert prog.jsonl is None
-    with prog.stage("merges"):  # start: its write fails (warned), nothing lost
-        time.sleep(0.4)  # several beats: the first one's write catches up, then none (60 s)
-        assert store.writes == 1 and store.events() == [("first", "end"), ("second", "start"),
-                                                        ("second", "beat")]
-    assert store.writes == 2  # the stage's end, with everything before it
+    with prog.stage("merges"):  # start: written at once, and that write fails (warned)
+        time.sleep(0.4)  # several beats, none written: the next write is 60 s away
+        assert store.writes == 0 and store.text == earlier
+    assert until(lambda: store.writes == 1)  # the stage's end, with everything before it
     events = store.events()
     assert events[0] == ("first", "end") and events[1] == ("second", "start")
     assert events[-1] == ("second", "end") and events.count(("second", "beat")) >= 3
     assert caplog.text.count("cannot write s3a://b/run/p (store unavailable)") == 1
     with pytest.raises(RuntimeError), prog.stage("report"):
         raise RuntimeError("boom")
-    assert store.writes == 3 and store.events()[-1] == ("second", "error")
+    assert until(lambda: store.writes == 2) and store.events()[-1] == ("second", "error")
+
+
+def test_a_store_that_hangs_delays_the_file_not_the_job():
+    """Writes happen in a thread of their own: a store that takes 1 s per write does not
+    slow the stage down; close() waits for the last write (at most close_timeout)."""
+    store = Store(delay=1.0)
+    sink = WholeFileJsonl(store.write, lambda: "", every=0)
+    prog = Progress("train", sink, every=0.01, bar=False)
+    t0 = time.monotonic()
+    with prog.stage("merges", total=1000) as st:
+        for i in range(1000):
+            st.update(i + 1)
+    assert time.monotonic() - t0 < 0.5 and store.writes <= 1
+    prog.close()
+    assert store.events()[-1] == ("train", "end")
+    late = WholeFileJsonl(Store(delay=5.0).write, lambda: "", close_timeout=0.2)
+    late.add('{"job": "x", "event": "start"}', heartbeat=False, flush=False)
+    t0 = time.monotonic()
+    late.close()
+    assert time.monotonic() - t0 < 1.0
 
 
 def test_a_long_run_keeps_its_starts_and_ends_and_the_newest_heartbeats():
-    store = Store()
-    sink = WholeFileJsonl(store.write, lambda: "", every=0, max_lines=6)
+    """Past max_lines the oldest heartbeats give way, the earlier attempts' first."""
+    earlier = "".join(json.dumps({"job": "first", "event": e}) + "\n"
+                      for e in ("start", "beat", "beat", "end"))
+    store = Store(earlier)
+    sink = WholeFileJsonl(store.write, lambda: store.text, every=0, max_lines=8)
     prog = Progress("train", sink, every=0.02, bar=False)
     with prog.stage("count"):
         time.sleep(0.3)
-    kinds = [e for _, e in store.events()]
-    assert len(kinds) == 6 and kinds[0] == "start" and kinds[-1] == "end"
-    assert kinds[1:-1] == ["beat"] * 4  # the newest four of many
+    prog.close()
+    kinds = store.events()
+    assert len(kinds) == 8 and kinds[:2] == [("first", "start"), ("first", "end")]
+    assert kinds[2] == ("train", "start") and kinds[-1] == ("train", "end")
+    assert kinds[3:-1] == [("train", "beat")] * 4  # the newest four of many
+
+
+def test_a_run_that_lost_its_lease_stops_writing_progress_jsonl():
+    store = Store()
+    lost = []
+    sink = WholeFileJsonl(store.write, lambda: "", every=0, allowed=lambda: not lost)
+    prog = Progress("train", sink, every=10, bar=False)
+    with prog.stage("prepare"):
+        pass
+    assert until(lambda: store.text and store.events()[-1] == ("train", "end"))
+    written = store.writes
+    lost.append(True)
+    with pytest.raises(RuntimeError), prog.stage("merges"):
+        raise RuntimeError("the lease was taken")
+    prog.close()
+    assert store.writes == written and store.events()[-1] == ("train", "end")
 
 
 def test_a_run_directory_on_a_store_gets_a_whole_file_progress_jsonl(tmp_path):

@@ -86,6 +86,28 @@ def test_chars_alphabet_with_a_suffix_equals_the_oracle_and_encodes_as_it(spark,
     assert tok.decode(expected) == text  # the suffix symbol is not the text's "_"
 
 
+def test_a_chars_rerun_over_a_bytes_run_leaves_none_of_its_exports(spark, tmp_path):
+    """A chars run writes no tiktoken or tokenizers export: rerun over a bytes run's
+    directory, it removes the earlier run's (they would sit beside the new run.json, which
+    would list them, and load_tiktoken would serve the old tokenizer). Made to fail by
+    removing only run.json first, as before."""
+    from pipeline.outputs import check_run, load_tiktoken
+    from pipeline.train import train
+
+    src = corpus(tmp_path, [SEED])
+    run = tmp_path / "run"
+    train(spark, Config(input=str(src), output=str(run), num_merges=20, progress_bar=False))
+    assert (run / "tokenizer.tiktoken").exists() and (run / "tokenizer.json").exists()
+    train(spark, Config(input=str(src), output=str(run), num_merges=20, alphabet="chars",
+                        resume="never", progress_bar=False))
+    left = {p.name for p in run.iterdir()}
+    assert not left & {"tokenizer.json", "tokenizer.tiktoken", "tiktoken.json"}, left
+    assert set(check_run(str(run))["files"]) == {"merges.txt", "vocab.json",
+                                                 "tokenizer_meta.json"}
+    with pytest.raises(FileNotFoundError, match="alphabet = 'chars'"):
+        load_tiktoken(str(run))
+
+
 def test_the_merge_log_checkpoints_after_checkpoint_every_seconds(monkeypatch):
     from pipeline import train as train_mod
     from pipeline.bpe import Merge, bytes_vocab
