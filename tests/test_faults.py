@@ -428,55 +428,36 @@ def test_sigterm_during_spark_rounds_leaves_no_partition_state(spark, corpus, tm
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.parametrize("point, written", [("merges", r"\S+/checkpoints/\S+"),
+                                            ("outputs", r"\S+/trace\.tsv")])
 def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path,
-                                                                 procs):
-    """The disk fills up while checkpoints are written (no file may grow past 2 KB): exit 1,
-    one line naming the file; the earlier checkpoints stay valid and a rerun resumes."""
+                                                                 procs, point, written):
+    """The disk fills up (no file may grow past 2 KB from the fault point on): while the
+    checkpoints are written, or after training, while the outputs are (trace.tsv outgrows
+    it). Exit 1, one line naming the file and the stage, no run.json, the checkpoints valid;
+    the same command resumes from the last one (after the outputs' failure it holds every
+    merge: nothing is trained again) and ends with the reference's merges."""
     ref, run, args = first_run(spark, corpus, tmp_path, 60)
     assert newest_checkpoint(run / "checkpoints") == 60
 
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "disk-full",
-               env=job_env(SPARK_BPE_INJECT="merges=fsize:2048"))
+               env=job_env(SPARK_BPE_INJECT=f"{point}=fsize:2048"))
     procs.append(p)
     assert p.wait(180) == 1, p.tail()
     last = p.last_line()
-    assert re.match(r"error: train could not write \S+/checkpoints/\S+ in stage 'merges': "
+    assert re.match(rf"error: train could not write {written} in stage '{point}': "
                     r"File too large; .* rerun the same command to resume$", last), last
-    assert newest_checkpoint(run / "checkpoints") == 60 and not (run / "run.json").exists()
+    saved = 60 if point == "merges" else VOCAB - 257
+    assert newest_checkpoint(run / "checkpoints") == saved and not (run / "run.json").exists()
 
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "room-again")
     procs.append(p)
     assert p.wait(180) == 0, p.tail()
-    assert resumed_from(p.log()) == 60
-    assert merges_txt(run) == merges_txt(ref)
-    assert not list((run / "checkpoints").glob(".tmp-*"))  # the torn temp file is gone
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_a_failed_output_write_is_one_line_and_the_rerun_only_writes(spark, corpus, tmp_path,
-                                                                     procs):
-    """The disk fills up after training, while the outputs are written (no file may grow past
-    2 KB from there: trace.tsv does): exit 1, one line naming the file and the stage, no
-    run.json; the checkpoint holds every merge, so the same command trains nothing and
-    writes the outputs."""
-    ref, run, args = first_run(spark, corpus, tmp_path, 60)
-    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "outputs-full",
-               env=job_env(SPARK_BPE_INJECT="outputs=fsize:2048"))
-    procs.append(p)
-    assert p.wait(180) == 1, p.tail()
-    last = p.last_line()
-    assert re.match(r"error: train could not write \S+/trace\.tsv in stage 'outputs': "
-                    r"File too large; .* rerun the same command to resume$", last), last
-    assert not (run / "run.json").exists()
-    assert newest_checkpoint(run / "checkpoints") == VOCAB - 257
-
-    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "room-again")
-    procs.append(p)
-    assert p.wait(180) == 0, p.tail()
-    assert p.last_line().startswith(f"served {VOCAB - 257} merges from the checkpoint"), \
-        p.tail()
+    assert resumed_from(p.log()) == saved
+    if point == "outputs":
+        assert p.last_line().startswith(f"served {saved} merges from the checkpoint"), p.tail()
     assert merges_txt(run) == merges_txt(ref) and (run / "run.json").exists()
+    assert not list((run / "checkpoints").glob(".tmp-*"))  # the torn temp file is gone
 
 
 @pytest.mark.spark
