@@ -438,7 +438,7 @@ RUN_FORMAT = "spark-bpe run"
 RUN_VERSION = 1
 # the exports run.json lists with their SHA-256 (a chars run writes only some of them)
 EXPORT_FILES = ("merges.txt", "vocab.json", "tokenizer.json", "tokenizer.tiktoken",
-                  "tiktoken.json", "tokenizer_meta.json")
+                "tiktoken.json", "tokenizer_meta.json")
 
 
 # everything a run directory holds (and their staging siblings, ``name.tmp-*``), besides

@@ -582,6 +582,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
             "train", _progress_file(cfg, spark, lambda: not any(x.lost for x in leases)),
             cfg.heartbeat_seconds, bar=cfg.progress_bar)
         stack.callback(lambda: own_progress and progress.close())  # (the file's last write)
+
         def still_ours() -> None:  # never write over a run that took the directory meanwhile
             for lease in leases:
                 lease.check()
