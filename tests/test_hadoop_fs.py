@@ -72,6 +72,14 @@ def test_a_run_written_through_hadoop_equals_the_local_run(spark, tmp_path, monk
     assert (tmp_path / "run" / "run.json").exists()
     assert (tmp_path / "run" / "merges.txt").read_text() == (
         tmp_path / "ref" / "merges.txt").read_text()
+    # progress.jsonl, written whole through Hadoop: both attempts, each to its last stage
+    import json
+
+    events = [json.loads(x) for x in (tmp_path / "run" / "progress.jsonl").read_text()
+              .splitlines()]
+    ends = [(e["stage"], e["event"]) for e in events if e["event"] in ("start", "end")]
+    assert ends.count(("prepare", "start")) == 2 and ends[-1] == ("report", "end"), ends
+    assert ends.count(("report", "end")) == 2
 
 
 def test_a_failed_write_through_hadoop_is_one_line_naming_the_file(spark, tmp_path, via_hadoop,
