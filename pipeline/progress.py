@@ -311,12 +311,14 @@ class WholeFileJsonl:
 class Progress:
     """The heartbeats of one job (see the module docstring). ``jsonl``: a local path for
     ``progress.jsonl`` (None: log only), or a :class:`WholeFileJsonl` for a file that cannot
-    be appended to; ``bar``: draw a bar when stderr is a terminal."""
+    be appended to; ``bar``: draw a bar when stderr is a terminal; ``allowed``: False once
+    this process must not write the local file any more (its run lost the lease)."""
 
     def __init__(self, job: str, jsonl: str | WholeFileJsonl | None = None,
-                 every: float = HEARTBEAT_SECONDS, bar: bool = True):
+                 every: float = HEARTBEAT_SECONDS, bar: bool = True,
+                 allowed: Callable[[], bool] = lambda: True):
         global _bar
-        self.job, self.every = job, every
+        self.job, self.every, self.allowed = job, every, allowed
         self.whole_file = jsonl if isinstance(jsonl, WholeFileJsonl) else None
         jsonl = None if self.whole_file is not None else jsonl
         self.jsonl = jsonl
@@ -344,7 +346,7 @@ class Progress:
             if self.whole_file is not None:
                 self.whole_file.add(json.dumps(rec, default=str), rec["event"] == "beat",
                                     flush=rec["event"] in ("end", "error"))
-            if self.jsonl:
+            if self.jsonl and self.allowed():
                 try:
                     with open(self.jsonl, "a", encoding="utf-8") as fh:
                         fh.write(json.dumps(rec, default=str) + "\n")

@@ -578,9 +578,13 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
         leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
                   for d in _leased_dirs(cfg)]
         own_progress = progress is None
-        progress = progress or Progress(
-            "train", _progress_file(cfg, spark, lambda: not any(x.lost for x in leases)),
-            cfg.heartbeat_seconds, bar=cfg.progress_bar)
+
+        def holding() -> bool:  # no more progress.jsonl once another run took the directory
+            return not any(lease.lost for lease in leases)
+
+        progress = progress or Progress("train", _progress_file(cfg, spark, holding),
+                                        cfg.heartbeat_seconds, bar=cfg.progress_bar,
+                                        allowed=holding)
         stack.callback(lambda: own_progress and progress.close())  # (the file's last write)
 
         def still_ours() -> None:  # never write over a run that took the directory meanwhile

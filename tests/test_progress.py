@@ -146,6 +146,18 @@ def test_a_run_that_lost_its_lease_stops_writing_progress_jsonl():
     assert store.writes == written and store.events()[-1] == ("train", "end")
 
 
+def test_a_run_that_lost_its_lease_stops_appending_to_a_local_progress_jsonl(tmp_path):
+    jsonl = tmp_path / "progress.jsonl"
+    lost = []
+    prog = Progress("train", str(jsonl), every=10, bar=False, allowed=lambda: not lost)
+    with prog.stage("prepare"):
+        pass
+    lost.append(True)
+    with pytest.raises(RuntimeError), prog.stage("merges"):
+        raise RuntimeError("the lease was taken")
+    assert [json.loads(x)["event"] for x in jsonl.read_text().splitlines()] == ["start", "end"]
+
+
 def test_a_run_directory_on_a_store_gets_a_whole_file_progress_jsonl(tmp_path):
     from pipeline.config import Config
     from pipeline.train import _progress_file
