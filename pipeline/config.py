@@ -160,8 +160,15 @@ class Config:
 
     @property
     def inputs(self) -> list[str]:
-        """The input sources (``input`` split at commas)."""
-        return [s.strip() for s in self.input.split(",") if s.strip()]
+        """The input sources: ``input`` split at the commas outside a Hadoop glob's braces
+        (``a/,b/part-{0,1}.parquet`` is two sources)."""
+        sources, depth, start = [], 0, 0
+        for i, c in enumerate(self.input + ","):
+            depth += (c == "{") - (c == "}" and depth > 0)
+            if c == "," and depth == 0:
+                sources.append(self.input[start:i].strip())
+                start = i + 1
+        return [s for s in sources if s]
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -508,11 +515,11 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     need(not (cfg.input and cfg.input_table),
          "config keys 'input' and 'input_table' are both set: give only one")
     for source in cfg.inputs:
-        if is_local(source) and not any(c in source for c in "*?["):
+        if is_local(source) and not any(c in source for c in "*?[{"):
             need(os.path.exists(local_path(source)),
                  f"config key 'input': path does not exist: {source}")
     if job == TRAIN and cfg.report_sample and is_local(cfg.report_sample) \
-            and not any(c in cfg.report_sample for c in "*?["):
+            and not any(c in cfg.report_sample for c in "*?[{"):
         need(os.path.exists(local_path(cfg.report_sample)),
              f"config key 'report_sample': path does not exist: {cfg.report_sample}")
     if cfg.words and is_local(cfg.words) and not any(c in cfg.words for c in "*?["):

@@ -514,8 +514,9 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
     if frame is not None:
         check_text_column(frame, cfg.text_column, "the DataFrame")
         return [frame], "the DataFrame"
-    frames = [read_corpus(spark, path, cfg.text_column)[0] for path in cfg.inputs]
-    check_local_footers(sorted({f for df in frames for f in df.inputFiles()}), can_skip=False)
+    sources = [read_corpus(spark, path, cfg.text_column) for path in cfg.inputs]
+    frames = [df for df, _ in sources]
+    check_local_footers(sorted({f for _, files in sources for f in files}), can_skip=False)
     schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
                for df in frames}
     if len(schemas) > 1:

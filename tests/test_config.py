@@ -210,6 +210,16 @@ def test_input_weights_match_the_sources():
                  "train")
 
 
+def test_a_hadoop_brace_glob_is_one_source():
+    """Commas inside a glob's braces belong to the glob (Hadoop's ``{a,b}``), not to the
+    list of sources; a brace glob is not checked as a literal path."""
+    c = cfg("--input", "data/sample/part-0000{0,1}.parquet, data/{sample,x{y,z}}/*",
+            "--input-weights", "2,1", "--output", "o", "--vocab-size", "300")
+    assert c.inputs == ["data/sample/part-0000{0,1}.parquet", "data/{sample,x{y,z}}/*"]
+    validate(c, "train")
+    assert Config(input="a,b ,,c").inputs == ["a", "b", "c"]
+
+
 def test_each_config_file_and_the_flags_replace_exclusive_keys_of_the_layers_before(tmp_path):
     """A later layer (a --config file, then the flags) that names num_merges drops an earlier
     vocab_size, and one that names a corpus drops an earlier other corpus, as flags always did."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,6 +15,7 @@ import pytest
 
 from pipeline.config import Config, ConfigError
 from pipeline.count.word_count import count_words
+from pipeline.encode_corpus import encode_corpus
 from pipeline.train import train
 
 from .conftest import SAMPLE
@@ -384,7 +386,6 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     with pytest.raises(ConfigError, match=r"'engine' is not a setting of encode\(\)"):
         api.encode(str(SAMPLE), tokenizer=run.dir, output=str(tmp_path / "z"), engine="spark")
     assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
-    del again
 
 
 def test_another_dataframe_on_the_same_output_trains_afresh(spark, tmp_path):
@@ -499,3 +500,35 @@ def test_the_api_checks_before_any_spark_work(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="report_sample': path does not exist: /"):
         api.train(str(SAMPLE), output=str(tmp_path / "r"), vocab_size=300,
                   report_sample="no/such/held-out")  # made absolute, then checked
+
+
+@pytest.mark.parametrize("reader", ["auto", "spark"])
+def test_file_names_with_url_characters_are_names(spark, tmp_path, reader, caplog):
+    """``#``, ``?``, ``%`` and spaces in a file's name are part of the name, never a URL's
+    fragment, query or escape: every file is counted, in path order, by either reader (Spark
+    gives its paths percent-encoded, the local listing as they are), and a rerun sees the
+    input unchanged."""
+    names = ["a%41 b.parquet", "part#1.parquet", "plain.parquet", "q?.parquet"]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = sample_lines(40)
+    files = [lines[i::4] for i in range(4)]
+    for name, rows in zip(names, files):
+        pq.write_table(pa.table({"text": rows}), corpus / name)
+    cfg = Config(input=str(corpus), output=str(tmp_path / "run"), vocab_size=300,
+                 count_reader=reader, progress_bar=False)
+    first = train(spark, cfg)
+    assert_word_table(tmp_path / "run" / "words",
+                      naive_count(files, special_tokens=["<|endoftext|>"]))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        train(spark, cfg)
+    assert "reusing the word table" in caplog.text
+    assert f"is already complete ({len(first.merges)} merges)" in caplog.text
+    encoded = tmp_path / "encoded"
+    encode_corpus(spark, Config(tokenizer=str(tmp_path / "run"), input=str(corpus),
+                                output=str(encoded)))
+    table = pq.read_table(encoded)  # every row, keyed by its file as Spark names it
+    assert table.num_rows == sum(map(len, files))
+    assert sorted({unquote(f).rsplit("/", 1)[1] for f in table.column("file").to_pylist()}) \
+        == names

@@ -33,11 +33,26 @@ log = logging.getLogger(__name__)
 UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
 
 
+def normalize_uri(uri: str) -> str:
+    """One spelling per file (see :func:`normalize_path`) of a URI as Spark gives it:
+    ``inputFiles()`` and ``_metadata.file_path`` percent-encode it (``part%231.parquet``)."""
+    u = urlparse(uri)
+    return f"{u.scheme or 'file'}://{u.netloc}{unquote(u.path)}"
+
+
 def normalize_path(path: str) -> str:
-    """One spelling per file: Spark writes ``file:/x`` in one place and ``file:///x`` in another."""
-    u = urlparse(path)
-    scheme = u.scheme or "file"
-    return f"{scheme}://{u.netloc}{unquote(u.path)}"
+    """One spelling per file, ``scheme://authority/path`` with the path as the filesystem
+    names it, of a path as it is written: a local path, ``file:/x`` or ``file:///x``, a
+    Hadoop ``Path``'s string. Nothing in it is an escape, a query or a fragment: ``#``, ``?``
+    and ``%`` are characters of the file's name. Idempotent."""
+    s = fsutil.scheme(path)
+    if not s:
+        return "file://" + os.path.abspath(path)
+    rest, netloc = path[len(s) + 1:], ""
+    if rest.startswith("//"):
+        netloc, slash, rest = rest[2:].partition("/")
+        rest = slash + rest or "/"
+    return f"{s}://{netloc}{rest}"
 
 
 def read_corpus(spark: SparkSession, path: str, text_column: str
@@ -317,7 +332,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
             raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
     check_text_column(df, cfg.text_column, name)
-    files = [] if frame is not None else sorted({normalize_path(f) for f in df.inputFiles()})
+    files = [] if frame is not None else sorted({normalize_uri(f) for f in df.inputFiles()})
     if _lists_files(cfg, frame):
         _refuse_files_left_out(spark, what, name, files)
     if frame is not None or not files:  # no files to order by: Spark's partitions, in order

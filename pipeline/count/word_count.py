@@ -42,7 +42,7 @@ from pipeline.count.corpus import (
     first_line,
     input_fingerprint,
     list_local_sources,
-    normalize_path,
+    normalize_uri,
     read_sources,
     skipping_corrupt_files,
     unreadable_file_error,
@@ -154,7 +154,7 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
                           | set(_run_ends(batch.column(3))))
             start = 0
             for end in ends:
-                fidx = file_index[(sources[start], normalize_path(paths[start].as_py()))]
+                fidx = file_index[(sources[start], normalize_uri(paths[start].as_py()))]
                 here = (fidx, blocks[start] or 0)
                 if here != split:
                     if wc is not None and split is not None:
