@@ -348,7 +348,7 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
                      if f.is_file() and not f.name.startswith("."))
     assert sorted(os.path.basename(f) for f in run.files) == on_disk
     assert "run.json" in on_disk and "tokenizer_meta.json" in on_disk
-    frame = spark.read.parquet(str(SAMPLE))  # one file: its rows in order
+    frame = spark.read.parquet(str(SAMPLE))  # its files' order (test below)
     by_frame = api.train(frame, output=str(tmp_path / "frame"), vocab_size=500)
     assert by_frame.stats["merges"] == 243
     ours = [line for line in (tmp_path / "run" / "merges.txt").read_text().splitlines()]
@@ -532,3 +532,40 @@ def test_file_names_with_url_characters_are_names(spark, tmp_path, reader, caplo
     assert table.num_rows == sum(map(len, files))
     assert sorted({unquote(f).rsplit("/", 1)[1] for f in table.column("file").to_pylist()}) \
         == names
+
+
+def test_a_dataframe_of_files_is_counted_in_path_order(spark, tmp_path):
+    """A DataFrame that selects, filters or repartitions the rows of files trains as the
+    files given as --input do (path order, rows in file order), although Spark schedules
+    the larger file first; JSON lines (no row index: split start, then row in the split)
+    too. A DataFrame of in-memory rows is counted in the order of its partitions."""
+    lines = sample_lines(120)
+    small, large = lines[:15], lines[15:]  # "a" sorts first, "b" is the larger file
+    parquet, jsonl = tmp_path / "parquet", tmp_path / "json"
+    parquet.mkdir()
+    pq.write_table(pa.table({"text": small}), parquet / "a.parquet")
+    pq.write_table(pa.table({"text": large}), parquet / "b.parquet")
+    for name, rows in (("a", small), ("b", large)):
+        spark.createDataFrame([(t,) for t in rows], "text string").coalesce(1) \
+            .write.json(str(jsonl / name))
+
+    def merges(name, frame=None, **kw):
+        out = tmp_path / "runs" / name
+        train(spark, Config(output=str(out), vocab_size=320, progress_bar=False, **kw),
+              frame=frame)
+        return (out / "merges.txt").read_text()
+
+    ref = merges("ref", input=str(parquet))
+    frames = {
+        "read": spark.read.parquet(str(parquet)),
+        "select": spark.read.parquet(str(parquet)).where("length(text) > 0").select("text"),
+        "repartition": spark.read.parquet(str(parquet)).repartition(3),
+        "json": spark.read.json(str(jsonl / "*" / "*.json")),
+    }
+    assert frames["read"].rdd.glom().map(len).collect()[0] == len(large)  # b's rows first
+    for name, frame in frames.items():
+        assert merges(name, frame) == ref, name
+    reversed_rows = spark.createDataFrame([(t,) for t in large + small], "text string")
+    b_then_a = f"{parquet / 'b.parquet'},{parquet / 'a.parquet'}"
+    assert merges("memory", reversed_rows.coalesce(1)) == merges("b-a", input=b_then_a)
+    assert merges("b-a", input=b_then_a) != ref  # (the order matters on this text)

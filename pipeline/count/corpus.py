@@ -46,8 +46,8 @@ def normalize_path(path: str) -> str:
     Hadoop ``Path``'s string. Nothing in it is an escape, a query or a fragment: ``#``, ``?``
     and ``%`` are characters of the file's name. Idempotent."""
     s = fsutil.scheme(path)
-    if not s:
-        return "file://" + os.path.abspath(path)
+    if not s:  # (an absolute path; or a name that stands for a source without files)
+        return "file://" + path
     rest, netloc = path[len(s) + 1:], ""
     if rest.startswith("//"):
         netloc, slash, rest = rest[2:].partition("/")
@@ -332,10 +332,12 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
             raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
     check_text_column(df, cfg.text_column, name)
-    files = [] if frame is not None else sorted({normalize_uri(f) for f in df.inputFiles()})
+    if frame is not None:
+        return _frame_source(df, name)
+    files = sorted({normalize_uri(f) for f in df.inputFiles()})
     if _lists_files(cfg, frame):
         _refuse_files_left_out(spark, what, name, files)
-    if frame is not None or not files:  # no files to order by: Spark's partitions, in order
+    if not files:  # no files to order by: Spark's partitions, in order
         if frame is None and cfg.input_table:
             raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "
                               "table); read it into a DataFrame and use pipeline.api")
@@ -349,6 +351,58 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     parquet = cfg.input_format == "parquet" and not cfg.input_table
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
         return df, files, path, F.lit(0), F.col("_metadata.row_index")
+    return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+# logical plan nodes that keep each row of a file source one row of the DataFrame, with its
+# file metadata: a DataFrame made of them alone is counted in path order, as its files are
+_ROW_KEEPING = {"LogicalRelation", "Project", "Filter", "SubqueryAlias", "Sample",
+                "GlobalLimit", "LocalLimit"}
+_ROW_MOVING = {"Repartition", "RepartitionByExpression", "Sort"}  # ... and move rows
+
+
+def _plan_nodes(df: DataFrame) -> list[str]:
+    """The node names of a DataFrame's analyzed logical plan, root first."""
+    out, todo = [], [df._jdf.queryExecution().analyzed()]
+    while todo:
+        node = todo.pop()
+        out.append(str(node.nodeName()))
+        children = node.children()
+        todo += [children.apply(i) for i in range(children.size())]
+    return out
+
+
+def _frame_source(df: DataFrame, name: str
+                  ) -> tuple[DataFrame, list[str], Column | None, Column, Column]:
+    """A DataFrame's rows in corpus order. One that selects, filters, samples, limits or
+    repartitions the rows of one file source (``spark.read.parquet(...)``,
+    ``spark.table(...).select(...)``) is counted in its files' path order and each file's row
+    order, as the same files given as ``--input`` are: by ``(file, row index)`` where the
+    format has row indices (Parquet), each partition's rows sorted by it when the plan moved
+    rows; by ``(file, split start, row in split)`` otherwise, only when the plan kept the
+    scan's partitions. Any other DataFrame (in-memory rows, joins, unions, exploded or
+    aggregated rows) is counted in the order of its Spark partitions."""
+    by_partitions = df, [name], F.lit(name), F.spark_partition_id(), F.lit(None)
+    try:
+        nodes = _plan_nodes(df)
+    except Exception:  # noqa: BLE001 - a plan py4j cannot walk: the partitions' order
+        return by_partitions
+    if nodes.count("LogicalRelation") != 1 or not set(nodes) <= _ROW_KEEPING | _ROW_MOVING:
+        return by_partitions
+    meta = _metadata_fields(df)
+    files = sorted({normalize_uri(f) for f in df.inputFiles()})
+    if meta is None or "file_path" not in meta or not files:
+        return by_partitions
+    path = F.col("_metadata.file_path")
+    if "row_index" in meta:
+        row = F.col("_metadata.row_index")
+        if _ROW_MOVING & set(nodes):
+            df = (df.withColumn("_spark_bpe_path", path).withColumn("_spark_bpe_row", row)
+                  .sortWithinPartitions("_spark_bpe_path", "_spark_bpe_row"))
+            path, row = F.col("_spark_bpe_path"), F.col("_spark_bpe_row")
+        return df, files, path, F.lit(0), row
+    if _ROW_MOVING & set(nodes):
+        return by_partitions
     return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
 
 
