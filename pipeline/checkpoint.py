@@ -257,6 +257,4 @@ class Checkpointer:
 
     def clean_temp(self) -> None:
         """Remove temp files a killed writer left behind (they never look like checkpoints)."""
-        for name in fsutil.list_dir(self.spark, self.dir) or []:
-            if name.startswith(".tmp-"):
-                fsutil.delete(self.spark, fsutil.join(self.dir, name))
+        fsutil.remove_temp_files(self.spark, self.dir)

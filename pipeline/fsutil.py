@@ -159,6 +159,14 @@ def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
     return sorted(str(st.getPath().getName()) for st in fs.listStatus(p))
 
 
+def remove_temp_files(spark: SparkSession | None, directory: str) -> None:
+    """Remove the temp files of :func:`write_text` that a killed writer (SIGKILL, a lost
+    machine) left in ``directory``; call it holding the directory's lease."""
+    for name in list_dir(spark, directory) or []:
+        if name.startswith(".tmp-"):
+            delete(spark, join(directory, name))
+
+
 def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
     """Every file under the directory ``path`` at any depth, skipping names that start with
     ``_`` or ``.`` at any level (as Spark's readers do), as URIs; None when ``path`` is not a
@@ -218,10 +226,12 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, lp)
-        except OSError as exc:  # a full disk or a read-only directory: name the file
+        except BaseException as exc:  # (a SIGTERM's exception too: no temp file left behind)
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-            raise OSError(exc.errno, exc.strerror, lp) from exc
+            if isinstance(exc, OSError):  # a full disk or a read-only directory: name the file
+                raise OSError(exc.errno, exc.strerror, lp) from exc
+            raise
         return
     fs, p = _fs(spark, path)
     jvm = spark.sparkContext._jvm

@@ -125,13 +125,31 @@ class Lease:
         self._thread.start()
         return self
 
+    def _still_mine(self) -> bool:
+        """Whether the lease file still names this run; False (and ``lost`` set, with a log
+        line) when it names another run, or is gone: a run that took it over while this one
+        was stalled (a VM pause, a stopped process) and has released it since. A file that
+        cannot be read is looked at once more before it counts as gone."""
+        if self.lost:
+            return False
+        holder = self._read()
+        if holder is None:
+            time.sleep(0.2)
+            holder = self._read()
+        if holder is not None and holder.get("id") == self.me["id"]:
+            return True
+        self.lost = True
+        if holder is None:
+            log.error("the lease file of %s is gone: another run took the directory over "
+                      "(or the file was deleted) while this one ran", self.held)
+        else:
+            log.error("the lease of %s was taken by host %s pid %s", self.held,
+                      holder.get("host"), holder.get("pid"))
+        return False
+
     def _renew(self) -> None:
         while not self._stop.wait(self.timeout / 4):
-            holder = self._read()
-            if holder is not None and holder.get("id") != self.me["id"]:
-                self.lost = True
-                log.error("the lease of %s was taken by host %s pid %s", self.held,
-                          holder.get("host"), holder.get("pid"))
+            if not self._still_mine():
                 return
             try:
                 fsutil.write_text(self.spark, self.path, self._record())
@@ -139,8 +157,9 @@ class Lease:
                 log.warning("could not renew the lease of %s: %s", self.held, exc)
 
     def check(self) -> None:
-        """Raise if another run took this lease (call before publishing)."""
-        if self.lost:
+        """Raise if this run no longer holds its lease. Reads the lease file (not only what
+        the renewal thread saw last): call it before each write the lease protects."""
+        if not self._still_mine():
             raise LeaseHeld(f"another run took over {self.held} while this one ran; "
                             "this run stops without publishing")
 

@@ -341,12 +341,13 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
                     total_tokens=total_tokens, symbols=symbols, fingerprint=fp,
                     checkpointer=ckpt, prior=[], prior_removed=[], engine=engine,
                     engine_decision=why, budget=budget, stages=stages)
+    guard()  # (the count may have taken long: the directory may be another run's by now)
+    fsutil.remove_temp_files(spark, cfg.output)  # (a killed run's)
     done = _run_summary(cfg.output, spark)
     if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
             and cfg.resume != "never" and _outputs_still_valid(spark, cfg, done)):
         prep.done = done
         return prep
-    guard()  # (the count may have taken long: the directory may be another run's by now)
     ckpt.clean_temp()
     if cfg.resume == "never":
         ckpt.clear()

@@ -48,6 +48,21 @@ def test_a_failed_write_names_the_file_and_leaves_no_temp(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_write_interrupted_by_a_signal_leaves_no_temp(tmp_path, monkeypatch):
+    """SIGTERM's handler raises an exception that is no OSError (a KeyboardInterrupt, as
+    Ctrl-C's): the temp file goes all the same, and the old file stays whole."""
+    target = tmp_path / "merges.txt"
+    target.write_text("old\n")
+
+    def killed(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fsutil.write_text(None, str(target), "new\n" * 1000)
+    assert os.listdir(tmp_path) == ["merges.txt"] and target.read_text() == "old\n"
+
+
 @pytest.mark.parametrize("path,scheme,local,object_store,local_path", [
     ("/data/corpus", "", True, False, "/data/corpus"),
     ("data/corpus", "", True, False, "data/corpus"),

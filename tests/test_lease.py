@@ -87,6 +87,31 @@ def test_a_lease_taken_away_stops_the_run_before_it_publishes(tmp_path):
     assert json.loads((tmp_path / NAME).read_text())["id"] == "thief"  # not removed
 
 
+def test_a_stalled_run_whose_lease_was_taken_and_released_does_not_publish(tmp_path, caplog):
+    """A run stalled past the timeout (a VM pause, SIGSTOP): another run takes the lease over,
+    finishes and releases it. When the first one wakes, its check before publishing reads the
+    lease file (its renewal thread has not looked yet) and stops it; it never re-creates the
+    file. The same when the file names the other run, still holding it."""
+    stalled = Lease(None, str(tmp_path), timeout=3600).acquire()  # renewal: in 15 minutes
+    try:
+        (tmp_path / NAME).unlink()  # taken over, then released, while this run slept
+        with pytest.raises(LeaseHeld, match="took over"):
+            stalled.check()
+        assert "lease file of" in caplog.text and "is gone" in caplog.text
+    finally:
+        stalled.release()
+    assert not (tmp_path / NAME).exists()
+    stalled = Lease(None, str(tmp_path), timeout=3600).acquire()
+    try:
+        (tmp_path / NAME).write_text(json.dumps({"host": "other", "pid": 1, "id": "newer",
+                                                 "renewed": 1e12}))
+        with pytest.raises(LeaseHeld, match="took over"):
+            stalled.check()
+    finally:
+        stalled.release()
+    assert json.loads((tmp_path / NAME).read_text())["id"] == "newer"
+
+
 def test_an_output_replaced_whole_has_its_lease_beside_it(tmp_path):
     """Word tables and encoded corpora are written elsewhere and moved into place: their lease
     is ``.<name>.lease.json`` next to them, so replacing the directory cannot remove it."""

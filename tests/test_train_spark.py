@@ -326,7 +326,14 @@ def test_a_complete_run_with_a_new_name_or_a_lost_file_is_published_again(spark,
     again = train(spark, Config(name="team-bpe", **kw))
     assert not again.already_done and (run / "vocab.json").exists()
     assert "vocab.json is missing" in caplog.text
+    # the temp files of a writer killed with SIGKILL go with the next run, complete or not
+    for leftover in (run / ".tmp-k1ll3d", run / "checkpoints" / ".tmp-k1ll3d"):
+        leftover.write_text("half a file")
     assert train(spark, Config(name="team-bpe", **kw)).already_done
+    assert not (run / ".tmp-k1ll3d").exists()
+    (run / ".tmp-k1ll3d").write_text("half a file")
+    assert not train(spark, Config(name="team-bpe", **{**kw, "vocab_size": 310})).already_done
+    assert not any(p.name.startswith(".tmp-") for p in run.rglob("*"))
 
 
 def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spark, tmp_path):
