@@ -219,7 +219,7 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-        os.chmod(tmp, 0o666 & ~_umask())  # as any file the user writes (mkstemp makes 0600)
+        os.chmod(tmp, 0o666 & ~umask())  # as any file the user writes (mkstemp makes 0600)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
@@ -286,7 +286,7 @@ def _rename_over(spark: SparkSession, fs, tmp, p, path: str) -> None:
         raise WriteFailed(errno.EIO, f"could not rename {tmp} to it", path)
 
 
-def _umask() -> int:
+def umask() -> int:
     """This process's umask, read without changing it (Linux), else by setting it back."""
     try:
         with open("/proc/self/status", encoding="ascii") as fh:

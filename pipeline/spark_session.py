@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pyspark import Accumulator, AccumulatorParam, SparkContext
 from pyspark.sql import SparkSession
 
+from pipeline import fsutil
 from pipeline.config import Config
 
 _settings: dict[str, str] = {}  # the Spark settings of the session built last
@@ -98,6 +99,16 @@ def start_session(spark: SparkSession) -> None:
 _DEFAULT_APP_NAMES = {"train.py", "count_words.py", "encode.py", "pyspark-shell"}
 
 
+def default_worker_python(master: str) -> None:
+    """On this machine (``local``, ``local[n]``, ``local-cluster[...]``) Python workers use
+    this interpreter, the one with our dependencies, unless PYSPARK_PYTHON says otherwise; on
+    a cluster they use what the user set (PYSPARK_PYTHON, ``spark.pyspark.python``, which
+    spark-submit passes on as PYSPARK_PYTHON) or Spark's default, ``python3``: the driver's
+    path may not exist on the executors' machines."""
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
 def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None,
                   deferred: bool = False) -> SparkSession:
     """A session for a job. ``cfg.master`` (the job's own ``--master``) wins over
@@ -110,14 +121,14 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     web UI (``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local modes,
     where it costs about 1.5 s per job), Spark's console progress bar off when stderr is not
     a terminal or ours is drawn there, Arrow for PySpark, the driver's address from
-    ``SPARK_LOCAL_IP`` (tests, CI, the quick start bind to loopback) and the SQL shuffle
-    partitions (``cfg.shuffle_partitions``, explicit, always wins).
+    ``SPARK_LOCAL_IP`` (tests, CI, the quick start bind to loopback), the SQL shuffle
+    partitions (``cfg.shuffle_partitions``, explicit, always wins), Hadoop's umask
+    (:func:`hadoop_umask_from_process`) and, in local modes, the workers' Python
+    (:func:`default_worker_python`).
 
     ``deferred``: start the SparkContext now and return a :class:`DeferredSession`, which
     creates the session when first used (or in the background after :func:`start_session`).
     """
-    # local modes: Python workers use this interpreter (the one with our dependencies)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     submitted = _submit_conf()  # (the master aside, a job's --master keeps them all)
     options: dict[str, str] = {}
 
@@ -126,6 +137,7 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
             options[key] = value
 
     master = cfg.master or submitted.get("spark.master", "local[*]")
+    default_worker_python(master)
     if cfg.master:
         options["spark.master"] = master
     default("spark.master", master)
@@ -221,8 +233,24 @@ def release_jvm_shutdown_hook() -> None:
         gateway.jvm.java.lang.Runtime.getRuntime().removeShutdownHook(thread)
 
 
+UMASK_KEY = "fs.permissions.umask-mode"
+
+
+def hadoop_umask_from_process(sc: SparkContext) -> None:
+    """Files Spark writes (word tables, encoded corpora) follow this process's umask, as the
+    files we write ourselves do, unless the user set Hadoop's ``fs.permissions.umask-mode``
+    (``--conf spark.hadoop.fs.permissions.umask-mode=...``, a core-site.xml): Hadoop's own
+    default is 022 whatever the umask."""
+    conf = sc._jsc.hadoopConfiguration()
+    sources = conf.getPropertySources(UMASK_KEY)
+    if sources is not None and any(str(src) != "core-default.xml" for src in sources):
+        return  # set by the user (the sources name where: a file, or "programmatically")
+    conf.set(UMASK_KEY, f"{fsutil.umask():03o}")
+
+
 def _started(sc: SparkContext) -> None:
     _hold_jvm_shutdown(sc)
+    hadoop_umask_from_process(sc)
     _settings.update(sc.getConf().getAll())
     logging.getLogger("pipeline.spark_session").info(
         "Spark application '%s' (%s), master %s, %d cores", sc.appName, sc.applicationId,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -381,3 +382,21 @@ def test_py4j_tracebacks_of_an_interrupted_call_stay_out_of_the_log():
     assert not _not_py4j_interrupt(record("KeyboardInterrupt while sending command.", gateway))
     assert _not_py4j_interrupt(record("Exception while sending command.", gateway))
     assert _not_py4j_interrupt(record("KeyboardInterrupt while sending command.", "/app.py"))
+
+
+@pytest.mark.parametrize("master,set_here", [("local[2]", True), ("local", True),
+                                             ("local-cluster[2,1,1024]", True),
+                                             ("spark://10.0.0.1:7077", False), ("yarn", False),
+                                             ("k8s://https://api:6443", False)])
+def test_the_driver_python_is_the_workers_default_only_on_this_machine(monkeypatch, master,
+                                                                        set_here):
+    import sys
+
+    from pipeline.spark_session import default_worker_python
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    default_worker_python(master)
+    assert (os.environ.get("PYSPARK_PYTHON") == sys.executable) is set_here
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python")  # the user's choice always stays
+    default_worker_python(master)
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/python"

@@ -429,3 +429,34 @@ def test_a_plain_python_job_draws_no_spark_bar_into_its_log(tmp_path):
         f"error: config key 'text_column': column 'body' not in {tmp_path / 'js'} (columns: "
         "text)"), r.stderr[-2000:]
     assert " ERROR " not in r.stderr, r.stderr[-2000:]
+
+
+def test_files_spark_writes_follow_the_umask_unless_hadoop_has_one(spark, tmp_path):
+    """Under umask 077 every file and directory of a run (the word table's Parquet, written
+    by Spark, included) and of an encoded corpus is the owner's alone, as merges.txt is;
+    Hadoop's fs.permissions.umask-mode, when the user set it, wins."""
+    from pipeline.spark_session import UMASK_KEY, hadoop_umask_from_process
+
+    run, encoded = tmp_path / "run", tmp_path / "encoded"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_CONF_DIR": str(REPO / "conf" / "spark")}
+    for job, args in (("train", ["--input", str(REPO / "data" / "sample"), "--output",
+                                 str(run), "--vocab-size", "260", "--count-merge", "spark"]),
+                      ("encode", ["--tokenizer", str(run), "--input",
+                                  str(REPO / "data" / "sample"), "--output", str(encoded)])):
+        done = subprocess.run([sys.executable, str(REPO / "jobs" / f"{job}.py"), *args,
+                               "--master", "local[1]"], env=env, capture_output=True,
+                              text=True, timeout=300, preexec_fn=lambda: os.umask(0o077))
+        assert done.returncode == 0, done.stderr[-2000:]
+    written = [p for d in (run, encoded) for p in [d, *d.rglob("*")]]
+    assert any(p.suffix == ".parquet" for p in run.rglob("*"))
+    assert any(p.suffix == ".parquet" for p in encoded.rglob("*"))
+    assert {oct(stat.S_IMODE(p.stat().st_mode) & 0o077) for p in written} == {"0o0"}
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    before = conf.get(UMASK_KEY)
+    try:
+        conf.set(UMASK_KEY, "027")  # the user's, as from spark.hadoop.* or core-site.xml
+        hadoop_umask_from_process(spark.sparkContext)
+        assert conf.get(UMASK_KEY) == "027"
+    finally:
+        conf.set(UMASK_KEY, before)
