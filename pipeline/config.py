@@ -29,7 +29,7 @@ from pipeline.pretokenize import (
     PATTERNS,
     PatternError,
     PretokenizerSpec,
-    compile_pattern,
+    check_pattern,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -534,7 +534,7 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     need(cfg.pattern != "", "config key 'pattern' is empty (pattern = 'none' makes each row one "
          "word)")
     try:
-        compile_pattern(cfg.pattern)
+        check_pattern(cfg.pattern)
     except PatternError as exc:
         raise ConfigError(f"config key 'pattern': {exc}") from None
     need(not cfg.end_of_word_suffix or cfg.alphabet == "chars",

@@ -67,6 +67,7 @@ from pipeline.pretokenize import (
     PretokenizerSpec,
     cut_specials,
     decode_row,
+    resolve_pattern,
     special_token_pattern,
     text_values,
 )
@@ -202,9 +203,18 @@ def _tiktoken_unavailable(meta: dict) -> str:
         return ("the run made a byte string twice (tokenizer_meta.json 'duplicate_tokens'), "
                 "where tiktoken's rank-by-bytes merging is not proven to match")
     try:
-        import tiktoken  # noqa: F401
+        import tiktoken
     except ImportError:
         return "the tiktoken package is not installed"
+    pattern = resolve_pattern(meta["pattern"])
+    if pattern is not None:  # tiktoken's regex engine (fancy-regex) is not the regex package
+        try:
+            tiktoken.Encoding(name="spark-bpe-pattern-probe", pat_str=pattern,
+                              mergeable_ranks={bytes([b]): b for b in range(256)},
+                              special_tokens={})
+        except ValueError as exc:
+            return (f"tiktoken cannot compile the run's split pattern "
+                    f"({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})")
     return ""
 
 

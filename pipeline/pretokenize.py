@@ -133,6 +133,27 @@ def compile_pattern(pattern: str) -> regex.Pattern[str] | None:
         raise PatternError(f"pattern {pattern!r} does not compile: {exc}") from None
 
 
+# texts a custom pattern is tried on before any Spark work: a pattern that matches the empty
+# string anywhere in them (``x*``, a lone ``\b``) would make empty words
+_PATTERN_PROBES = ("", "a", " ", "ab cd", "Hello, world! 123\n\n  x\ty", "日本語 текст €5")
+
+
+def check_pattern(pattern: str) -> None:
+    """Raise :class:`PatternError` for a pattern that does not compile, or that matches the
+    empty string (every word must hold at least one character: a zero-length match would be
+    a word with no token)."""
+    compiled = compile_pattern(pattern)
+    if compiled is None:
+        return
+    for probe in _PATTERN_PROBES:
+        for m in compiled.finditer(probe):
+            if m.start() == m.end():
+                raise PatternError(
+                    f"pattern {pattern!r} matches the empty string (at {m.start()} in "
+                    f"{probe!r}); every match must hold at least one character (+ rather "
+                    "than *, no match made of \\b or lookarounds alone)")
+
+
 @dataclass(frozen=True)
 class PretokenizerSpec:
     """Everything that decides how text becomes words (part of every fingerprint)."""

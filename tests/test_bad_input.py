@@ -352,6 +352,9 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
     (["--special-tokens", "x,"], None),  # an empty item after a comma is dropped
     (["--pattern", "(?P<x"], "config key 'pattern': pattern '(?P<x' does not compile"),
     (["--pattern", "[a-"], "does not compile"),
+    (["--pattern", "x*"], "config key 'pattern': pattern 'x*' matches the empty string"),
+    (["--pattern", r"\b"], "matches the empty string (at 0 in 'a')"),
+    (["--pattern", r"(?=\w)|\w+"], "matches the empty string"),
     (["--max-word-bytes", "-1"], "config key 'max_word_bytes' must be >= 0"),
     (["--vocab-size", "nope"], "config key 'vocab_size': expected int"),
 ])

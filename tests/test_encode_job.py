@@ -220,6 +220,29 @@ def test_chars_alphabet_run_encodes_with_the_reference(spark, tmp_path):
     assert not (tmp_path / "o3").exists()
 
 
+def test_a_pattern_tiktoken_cannot_compile_encodes_with_the_reference(spark, tmp_path,
+                                                                     caplog):
+    """A custom pattern the regex package takes and tiktoken's fancy-regex refuses (``\\m``,
+    start of word): auto picks the reference encoder, with the reason; asking for tiktoken
+    is one config error."""
+    pattern = r"\m\w+|\W+|\w+"
+    texts = ["the baker bakes cakes, the cakes bake"] * 3
+    train_in_memory(texts, tmp_path / "run", pattern, 20, ())
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["the baker", "bakes cakes"]}), tmp_path / "in" / "a.parquet")
+    base = dict(input=str(tmp_path / "in"), tokenizer=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="tiktoken cannot compile the run's split pattern"):
+        encode_corpus(spark, Config(**base, output=str(tmp_path / "o1"),
+                                    encode_engine="tiktoken"))
+    with caplog.at_level(logging.WARNING, logger="pipeline.encode_corpus"):
+        res = encode_corpus(spark, Config(**base, output=str(tmp_path / "o2")))
+    assert res.stats["stats"]["engine"] == "reference"
+    assert "Invalid escape" in caplog.text
+    ref = Tokenizer.load(str(tmp_path / "run"))
+    ids = read_output(tmp_path / "o2").sort_by("row").column("ids").to_pylist()
+    assert ids == [ref.encode("the baker"), ref.encode("bakes cakes")]
+
+
 def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
     out = str(tmp_path / "o")
     cases = [
