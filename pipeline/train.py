@@ -41,6 +41,7 @@ from pipeline.count.external import import_word_table, is_ours
 from pipeline.count.word_count import count_words
 from pipeline.count.word_table import (
     SPECIAL_TOKENS_CUT,
+    DamagedWordTable,
     WordTable,
     legacy_digest,
     open_word_table,
@@ -117,8 +118,10 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
                     ) -> WordTableChoice:
     """The run's own table at ``own``: reused while its input and settings match, else
     counted (holding ``lease``)."""
+    wt = None
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
-        wt = open_word_table(spark, own)
+        wt = _reusable_table(spark, own)  # (None when damaged: counted again)
+    if wt is not None:
         same_input = same_source(wt.meta, cfg)
         if same_input and _cut_elsewhere(wt, cfg):
             log.info("recounting: the word table at %s was counted by an older version that "
@@ -145,6 +148,16 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
              own)
     wt = count_words(spark, sub, progress, frame, lease)
     return WordTableChoice(wt, time.time() - t0)
+
+
+def _reusable_table(spark: SparkSession, own: str) -> WordTable | None:
+    """The run's own word table, or None when its data files are damaged (then it is counted
+    again, as for a changed input; a damaged ``--words`` table is an error instead)."""
+    try:
+        return open_word_table(spark, own)
+    except DamagedWordTable as exc:
+        log.warning("recounting: %s", str(exc).removeprefix("config key 'words': "))
+        return None
 
 
 def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:

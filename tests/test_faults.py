@@ -464,18 +464,30 @@ def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, 
 def test_a_failed_spark_job_exits_non_zero_with_one_line(spark, corpus, tmp_path, procs):
     words = tmp_path / "words"
     shutil.copytree(reference_run(spark, corpus, VOCAB).parent / "reference-words", words)
+    # the table is damaged after the run checked it (a damaged table is one config error
+    # before training, exit 2, below): the Spark engine's first job fails reading it
+    go_on = tmp_path / "go-on"
+    p = submit(["--words", str(words), "--output", str(tmp_path / "run"),
+                "--vocab-size", "300", "--engine", "spark"], tmp_path, "broken",
+               env=job_env(SPARK_BPE_INJECT=f"merges=wait:{go_on}"))
+    procs.append(p)
+    p.wait_until(lambda: "merges: started" in p.log(), 120, "the merge stage")
     for f in (words / "data").glob("*.parquet"):
         f.write_bytes(b"PAR1 this is not parquet PAR1")
-    # the table's sums come from its word_table.json: the Spark engine's first job reads it
-    p = submit(["--words", str(words), "--output", str(tmp_path / "run"),
-                "--vocab-size", "300", "--engine", "spark"], tmp_path, "broken")
-    procs.append(p)
+    go_on.touch()
     assert p.wait(180) == 1
     last = p.last_line()
     assert re.match(r"error: train failed in stage 'merges': \w+: .+ \(traceback above\)$",
                     last), last
     assert "Traceback" in p.out()  # the details are in the log
     assert not (tmp_path / "run" / "run.json").exists()
+    p = submit(["--words", str(words), "--output", str(tmp_path / "run"),
+                "--vocab-size", "300"], tmp_path, "damaged")
+    procs.append(p)
+    assert p.wait(180) == 2
+    assert re.match(r"error: config key 'words': \S+/data/\S+\.parquet is not a readable "
+                    r"Parquet file \(.+\): the word table at \S+ is damaged; recount it",
+                    p.last_line()), p.last_line()
 
 
 @pytest.mark.spark

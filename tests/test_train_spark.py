@@ -460,3 +460,18 @@ def test_files_spark_writes_follow_the_umask_unless_hadoop_has_one(spark, tmp_pa
         assert conf.get(UMASK_KEY) == "027"
     finally:
         conf.set(UMASK_KEY, before)
+
+
+def test_a_damaged_word_table_of_the_run_is_counted_again(spark, tmp_path, caplog):
+    """RUN/words with a data file truncated (a disk error, a bad copy): the same command
+    counts the words again, saying why, and ends with the same merges."""
+    caplog.set_level(logging.INFO, logger="pipeline.train")
+    run = tmp_path / "run"
+    kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=280,
+              progress_bar=False)
+    first = train(spark, Config(**kw))
+    data = sorted((run / "words" / "data").glob("*.parquet"))[0]
+    data.write_bytes(data.read_bytes()[:100])
+    again = train(spark, Config(**kw))
+    assert f"recounting: {data} is not a readable Parquet file" in caplog.text
+    assert again.merges == first.merges

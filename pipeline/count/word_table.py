@@ -242,7 +242,38 @@ def open_word_table(spark: SparkSession, path: str) -> WordTable:
             "Recreate it with jobs/count_words.py"
         )
     meta.setdefault("max_word_bytes", 0)  # v1 tables were counted without a cap
-    return WordTable(path, meta)
+    wt = WordTable(path, meta)
+    check_data_files(wt)
+    return wt
+
+
+class DamagedWordTable(ConfigError):
+    """A word table whose data files cannot be read."""
+
+
+def check_data_files(wt: WordTable) -> None:
+    """Read the footer of each data file of a local word table (cheap): a truncated or
+    overwritten file is one error naming it, before any training (else a traceback from
+    deep in an engine). Tables elsewhere are checked by Spark when it reads them."""
+    if not fsutil.is_local(wt.data_path):
+        return
+    local = fsutil.local_path(wt.data_path)
+    try:
+        names = sorted(f for f in os.listdir(local) if f.endswith(".parquet")
+                       and not f.startswith((".", "_")))
+    except OSError as exc:
+        raise DamagedWordTable(f"config key 'words': the word table at {wt.path} has no "
+                               f"readable data directory ({exc.strerror or exc}); recount it "
+                               "(jobs/count_words.py, or train with --input)") from None
+    for name in names:
+        try:
+            pq.read_metadata(os.path.join(local, name))
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            raise DamagedWordTable(
+                f"config key 'words': {os.path.join(local, name)} is not a readable Parquet "
+                f"file ({reason}): the word table at {wt.path} is damaged; recount it "
+                "(jobs/count_words.py, or train with --input)") from None
 
 
 def sum_duplicates(words: pa.Array, counts: np.ndarray
