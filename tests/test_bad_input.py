@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import Config, ConfigError, resolve, validate
+from pipeline.count.word_count import count_words
 from pipeline.encoder import Tokenizer
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 from pipeline.train import train
@@ -124,6 +125,22 @@ def test_a_truncated_shard_next_to_a_good_one(spark, tmp_path):
     report = (tmp_path / "run" / "report.html").read_text()
     assert f"{len(rows)} rows of the training input" in report
     assert "no sample in this report" not in report
+
+
+@pytest.mark.spark
+def test_a_truncated_json_file_is_named_as_json(spark, tmp_path):
+    """A cut-off .json.gz among JSON lines: the one line names the file and its format."""
+    import gzip
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = "".join(json.dumps({"text": r}) + "\n" for r in normal_rows()).encode()
+    (corpus / "a.json.gz").write_bytes(gzip.compress(lines))
+    (corpus / "b.json.gz").write_bytes(gzip.compress(lines)[:40])
+    cfg = Config(input=str(corpus), input_format="json", output=str(tmp_path / "words"))
+    with pytest.raises(ConfigError, match=r"b\.json\.gz is not a readable JSON lines file "
+                                          r"\(.+\); fix or remove it"):
+        count_words(spark, cfg)
 
 
 @pytest.mark.spark

@@ -70,12 +70,23 @@ _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
                pa.types.is_large_binary)
 
 
-def corrupt_file_error(path: str, reason: str, can_skip: bool = True) -> ConfigError:
+_FORMAT_NAMES = {"parquet": "Parquet", "json": "JSON lines", "csv": "CSV", "orc": "ORC",
+                 "text": "text", "delta": "Delta (Parquet)"}
+
+
+def format_name(cfg: Config) -> str:
+    """What the input's files are, for errors: "Parquet", "JSON lines", ... ("data" for a
+    catalog table, whatever it is stored as)."""
+    return "data" if cfg.input_table else _FORMAT_NAMES.get(cfg.input_format, "input")
+
+
+def corrupt_file_error(path: str, reason: str, can_skip: bool = True,
+                       kind: str = "Parquet") -> ConfigError:
     """``can_skip``: the job takes --ignore-corrupt-files (the count does, encode does not:
-    every row of its input gets its ids)."""
+    every row of its input gets its ids). ``kind``: :func:`format_name`."""
     what = ("or pass --ignore-corrupt-files to skip unreadable files" if can_skip
             else "then rerun")
-    return ConfigError(f"config key 'input': {path} is not a readable Parquet file ({reason}); "
+    return ConfigError(f"config key 'input': {path} is not a readable {kind} file ({reason}); "
                        f"fix or remove it, {what}")
 
 
@@ -316,7 +327,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
             df = spark.read.format(cfg.input_format).load(name)
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
         named = None if isinstance(exc, AnalysisException) \
-            else unreadable_file_error(exc, can_skip)
+            else unreadable_file_error(exc, can_skip, format_name(cfg))
         if named is not None:  # an unreadable file
             raise named from None
         msg = _reason(exc)
@@ -512,19 +523,20 @@ def arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
     return plan
 
 
-def unreadable_file_error(exc: BaseException, can_skip: bool = True) -> ConfigError | None:
+def unreadable_file_error(exc: BaseException, can_skip: bool = True,
+                          kind: str = "Parquet") -> ConfigError | None:
     """A read (count, encode) that failed on a corrupt input file, as one line naming the
     file (exit 2); None for any other failure."""
     text = str(exc)
     m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
     if m:
-        return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip)
+        return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip, kind)
     m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
     if m:
         cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
                  or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
         why = cause.group(1) if cause else m.group(1).replace("_", " ").lower()
-        return corrupt_file_error(m.group(2), why.strip(), can_skip)
+        return corrupt_file_error(m.group(2), why.strip(), can_skip, kind)
     return None
 
 

@@ -40,6 +40,7 @@ from pipeline.count.corpus import (
     ReadSlice,
     arrow_plan,
     first_line,
+    format_name,
     input_fingerprint,
     list_local_sources,
     normalize_uri,
@@ -438,7 +439,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
         return _count_and_write(spark, cfg, spec, t0, corpus, plan, fingerprint,
                                 skipped or [], counts, check)
     except Exception as exc:
-        named = unreadable_file_error(exc)
+        named = unreadable_file_error(exc, kind=format_name(cfg))
         if named is None:
             raise
         raise named from None
