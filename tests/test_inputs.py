@@ -275,6 +275,25 @@ def test_a_tsv_table_on_another_filesystem_is_read_through_spark(spark, tmp_path
         external.read_tsv(str(d), spark)
 
 
+def test_an_external_parquet_table_elsewhere_keeps_the_local_row_order(spark, tmp_path,
+                                                                        monkeypatch):
+    """A Parquet (word, count) table without first_seen, off the local disk, is read through
+    Spark in the local read's order (files by path, rows in file order), although Spark
+    reads the larger file first: its rows' order is their first_seen."""
+    from pipeline import fsutil
+    from pipeline.count import external
+
+    d = tmp_path / "pq"
+    d.mkdir()
+    pq.write_table(pa.table({"word": ["a", "b"], "count": [1, 1]}), d / "a.parquet")
+    pq.write_table(pa.table({"word": [f"w{i:04d}" for i in range(3000)],
+                             "count": list(range(1, 3001))}), d / "b.parquet")
+    local = external.read_parquet(None, str(d))
+    assert local.column("word").to_pylist()[:3] == [b"a", b"b", b"w0000"]
+    monkeypatch.setattr(fsutil, "is_local", lambda path: False)  # as if it were on hdfs:
+    assert external.read_parquet(spark, str(d)).equals(local)
+
+
 def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
     from pipeline.config import ConfigError
     from pipeline.count.external import read_tsv

@@ -144,8 +144,14 @@ def read_parquet(spark, path: str) -> pa.Table:
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"config key 'words': {path} is neither a word table of ours, "
                               f"TSV nor readable Parquet ({exc})") from None
-    else:
-        t = spark.read.parquet(path).toArrow()
+    else:  # in the local read's order (files by path, rows in file order): it breaks ties
+        from pyspark.sql import functions as F
+
+        df = spark.read.parquet(path)
+        t = (df.select(*df.columns, F.col("_metadata.file_path").alias("_spark_bpe_file"),
+                       F.col("_metadata.row_index").alias("_spark_bpe_row"))
+             .orderBy("_spark_bpe_file", "_spark_bpe_row").toArrow()
+             .drop_columns(["_spark_bpe_file", "_spark_bpe_row"]))
     missing = {"word", "count"} - set(t.column_names)
     if missing:
         raise ConfigError(f"config key 'words': {path} has no column(s) {sorted(missing)} "
