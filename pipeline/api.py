@@ -22,9 +22,11 @@ or give files for a result that does not depend on how it was partitioned.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from pipeline.encoder import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,9 +82,9 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
         if isinstance(corpus, str):
             options = {"input": corpus, **options}
         elif isinstance(corpus, (list, tuple)) and all(isinstance(c, str) for c in corpus):
-            if any("," in c for c in corpus):
-                raise ConfigError("config key 'input': a path with a comma cannot be one of "
-                                  "several sources")
+            if any(len(Config(input=c).inputs) != 1 for c in corpus):
+                raise ConfigError("config key 'input': a path with a comma (outside a glob's "
+                                  "braces) cannot be one of several sources")
             options = {"input": ",".join(corpus), **options}
         elif hasattr(corpus, "sparkSession") and hasattr(corpus, "schema"):
             frame = corpus
@@ -128,18 +132,45 @@ def _absolute_paths(cfg: Config) -> None:
         setattr(cfg, key, fix(getattr(cfg, key)))
 
 
-def _session(cfg: Config, spark: SparkSession | None, app: str) -> tuple[Any, bool]:
-    """The session to use and whether this call started it (and so stops it)."""
-    if spark is not None:
-        return spark, False
-    from pyspark.sql import SparkSession
+# settings that make a Spark session: an existing one (``spark=``, or the notebook's active
+# session) keeps its own
+_SESSION_KEYS = ("master", "spark_ui")
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    from pipeline.spark_session import build_session
 
-    return build_session(cfg, app), True
+@contextlib.contextmanager
+def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[str, Any]
+             ) -> Iterator[Any]:
+    """The session for one call: ``spark``, else the active session, else one made (and
+    stopped) here. An existing session keeps its settings: ``master`` or ``spark_ui`` given
+    to the call are logged as not applied; ``shuffle_partitions`` applies for the call only."""
+    session = spark
+    if session is None:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+    if session is None:
+        from pipeline.spark_session import build_session
+
+        made = build_session(cfg, app)
+        try:
+            yield made
+        finally:
+            made.stop()
+        return
+    ignored = [k for k in _SESSION_KEYS if k in options]
+    if ignored:
+        log.warning("%s not applied: the Spark session already exists (its master is %s); "
+                    "they apply when the call starts its own session",
+                    ", ".join(ignored), session.sparkContext.master)
+    key = "spark.sql.shuffle.partitions"
+    before = session.conf.get(key) if cfg.shuffle_partitions else None
+    if cfg.shuffle_partitions:
+        session.conf.set(key, str(cfg.shuffle_partitions))
+    try:
+        yield session
+    finally:
+        if before is not None:
+            session.conf.set(key, before)
 
 
 def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,
@@ -153,13 +184,9 @@ def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,
         options["vocab_size"] = vocab_size
     options.setdefault("progress_bar", False)
     cfg, frame = _config(TRAIN, corpus, {"output": output, **options})
-    session, started = _session(cfg, spark, "spark-bpe api train")
-    try:
+    with _session(cfg, spark, "spark-bpe api train", options) as session:
         result = train_run(session, cfg, frame=frame)
         names = _run_files(session, result.run_dir)
-    finally:
-        if started:
-            session.stop()
     return Run(result.run_dir, int(result.stats.get("merges", len(result.merges))),
                result.stats, result.already_done, names)
 
@@ -180,12 +207,8 @@ def count_words(corpus: str | list[str] | DataFrame, *, output: str,
 
     options.setdefault("progress_bar", False)
     cfg, frame = _config(COUNT, corpus, {"output": output, **options})
-    session, started = _session(cfg, spark, "spark-bpe api count_words")
-    try:
+    with _session(cfg, spark, "spark-bpe api count_words", options) as session:
         return count(session, cfg, frame=frame).meta
-    finally:
-        if started:
-            session.stop()
 
 
 def encode(corpus: str | list[str] | DataFrame, *, tokenizer: str, output: str,
@@ -198,9 +221,5 @@ def encode(corpus: str | list[str] | DataFrame, *, tokenizer: str, output: str,
 
     cfg, frame = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
     check_encode_config(cfg, frame=frame is not None)  # before any Spark work, as the CLI does
-    session, started = _session(cfg, spark, "spark-bpe api encode")
-    try:
+    with _session(cfg, spark, "spark-bpe api encode", options) as session:
         return encode_corpus(session, cfg, frame).stats
-    finally:
-        if started:
-            session.stop()

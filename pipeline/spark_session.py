@@ -279,12 +279,14 @@ def _submit_conf() -> dict[str, str]:
 def job_group(sc: SparkContext, name: str) -> Iterator[str]:
     """Run the jobs this thread submits under a fresh job group (for :func:`task_progress`)."""
     group = f"spark-bpe-{name}-{uuid.uuid4().hex[:8]}"
-    previous = sc.getLocalProperty("spark.jobGroup.id")
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    previous = {k: sc.getLocalProperty(k) for k in keys}  # (the caller's, in a notebook)
     sc.setJobGroup(group, f"spark-bpe {name}")
     try:
         yield group
     finally:
-        sc.setLocalProperty("spark.jobGroup.id", previous)  # type: ignore[arg-type]
+        for k, v in previous.items():
+            sc.setLocalProperty(k, v)  # type: ignore[arg-type]  (None removes it)
 
 
 class PerTask(AccumulatorParam):

@@ -588,3 +588,29 @@ def test_a_dataframe_of_files_is_counted_in_path_order(spark, tmp_path):
     b_then_a = f"{parquet / 'b.parquet'},{parquet / 'a.parquet'}"
     assert merges("memory", reversed_rows.coalesce(1)) == merges("b-a", input=b_then_a)
     assert merges("b-a", input=b_then_a) != ref  # (the order matters on this text)
+
+
+def test_the_api_on_an_existing_session_keeps_its_settings(spark, tmp_path, caplog):
+    """Given a session (a notebook's), a call says which of its settings it cannot apply,
+    applies shuffle_partitions for the call only, and leaves the session's job group and
+    description as they were."""
+    from pipeline import api
+
+    sc = spark.sparkContext
+    shuffle = spark.conf.get("spark.sql.shuffle.partitions")
+    sc.setJobGroup("notebook-cell-7", "my analysis")
+    try:
+        with caplog.at_level(logging.WARNING, logger="pipeline.api"):
+            api.count_words(str(SAMPLE), output=str(tmp_path / "w"), spark=spark,
+                            shuffle_partitions=11, master="local[1]", count_merge="spark")
+        assert f"master not applied: the Spark session already exists (its master is " \
+               f"{sc.master})" in caplog.text
+        assert spark.conf.get("spark.sql.shuffle.partitions") == shuffle
+        assert sc.getLocalProperty("spark.jobGroup.id") == "notebook-cell-7"
+        assert sc.getLocalProperty("spark.job.description") == "my analysis"
+        assert api.count_words([str(SAMPLE / "part-0000{0,1}.parquet")],
+                               output=str(tmp_path / "w2"))["unique_words"] > 0
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+        sc.setLocalProperty("spark.job.interruptOnCancel", None)
