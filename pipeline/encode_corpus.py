@@ -477,9 +477,11 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
         for path in fsutil.remove_stale_temps(spark, cfg.output):
             log.info("removed %s, left by an interrupted encode", path)
         check_encode_config(cfg, spark, frame=frame is not None)  # the output as it is now
-        plan = load_plan(spark, cfg)
-        src, keys = _source(spark, cfg, frame)
-        summary = _encode_and_publish(spark, cfg, plan, src, keys, t0, lease)
+        progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
+        with progress.stage("prepare"):  # (listing a lake's files and reading their footers)
+            plan = load_plan(spark, cfg)
+            src, keys = _source(spark, cfg, frame)
+        summary = _encode_and_publish(spark, cfg, plan, src, keys, t0, lease, progress)
     stats = summary["stats"]
     log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
              "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
@@ -488,7 +490,7 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
 
 
 def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFrame,
-                        keys: list[str], t0: float, lease: Lease) -> dict:
+                        keys: list[str], t0: float, lease: Lease, progress: Progress) -> dict:
     """Encode into a staging directory and move it into place with its ``_encode.json``
     (unless another job took the output's lease meanwhile); returns that summary."""
     tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
@@ -496,7 +498,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
              cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
     try:
-        stats = _encode_into(spark, cfg, plan, src, keys, tmp)
+        stats = _encode_into(spark, cfg, plan, src, keys, tmp, progress)
     except Exception as exc:
         unreadable = unreadable_file_error(exc, can_skip=False)
         if unreadable is None:
@@ -576,7 +578,7 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None
 
 
 def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFrame,
-                 keys: list[str], tmp: str) -> dict:
+                 keys: list[str], tmp: str, progress: Progress) -> dict:
     """Run the encode (tasks with heartbeats) into ``tmp``; returns the statistics."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -589,7 +591,6 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFr
     encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct), counts),
                              out_struct)
     t_enc = time.time()
-    progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
     try:
         with job_group(sc, "encode") as group, progress.stage(
                 "encode", unit="tasks", poll=read_progress(sc, group, counts)):

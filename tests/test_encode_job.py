@@ -129,6 +129,9 @@ def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out
     beats = [r.getMessage() for r in caplog.records if r.name == "pipeline.progress"
              and r.getMessage().startswith("encode: ")]
     assert beats[0] == "encode: started" and beats[-1].startswith("encode: done in "), beats
+    stages = [r.getMessage().split(":")[0] for r in caplog.records
+              if r.name == "pipeline.progress"]
+    assert stages.index("prepare") < stages.index("encode")  # listing and footers beat too
     # a Spark job lasts > 0.05 s, so at least one heartbeat came between (with or without ETA)
     assert any(re.search(r", [\d.]+ s elapsed(, ETA [\d.]+ s)?$", b) for b in beats[1:-1]), beats
     assert re.search(rf"; (\d+)/\1 tasks, rows {st['rows']:,}, ", beats[-1]), beats[-1]
