@@ -707,3 +707,24 @@ def test_the_spark_merge_aggregates_packed_keys_with_a_hash_map(spark, split):
     assert got.column("word").to_pylist() == expected.column("word").to_pylist()
     assert got.column("count").to_pylist() == expected.column("count").to_pylist()
     assert got.column("first_seen").to_pylist() == expected.column("first_seen").to_pylist()
+
+
+def test_a_word_table_write_that_fails_names_its_file(tmp_path):
+    """pyarrow's error on a full disk names no file: the word table's writer adds it, so the
+    job's one line says which file could not be written."""
+    import resource
+    import signal
+
+    data = tmp_path / "words.tmp-1" / "data"
+    table = pa.table({"word": [b"w%d" % i for i in range(20000)],
+                      "count": list(range(20000)), "first_seen": list(range(20000))})
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, old[1]))
+    try:
+        with pytest.raises(OSError) as err:
+            word_table.write_table_data(None, table, str(data))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert err.value.filename == str(data / "part-00000.parquet") and err.value.errno == 27

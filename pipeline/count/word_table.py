@@ -159,7 +159,13 @@ def write_table_data(spark: SparkSession, table: pa.Table, path: str) -> None:
     if fsutil.is_local(path):
         local = fsutil.local_path(path)
         os.makedirs(local, exist_ok=True)
-        pq.write_table(table, os.path.join(local, "part-00000.parquet"))
+        target = os.path.join(local, "part-00000.parquet")
+        try:
+            pq.write_table(table, target)
+        except OSError as exc:  # pyarrow's error names no file: name it (a full disk, ...)
+            if exc.filename or exc.errno is None:
+                raise
+            raise OSError(exc.errno, exc.strerror or str(exc), target) from exc
     else:
         spark.createDataFrame(table).write.parquet(path)
 
