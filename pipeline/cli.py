@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from pipeline import faults, spark_session
 from pipeline.config import Config, ConfigError, resolve_with_notes, validate
-from pipeline.fsutil import WriteFailed
+from pipeline.fsutil import WriteFailed, task_write_failure
 from pipeline.progress import BarAwareHandler, current_stage
 
 log = logging.getLogger("pipeline.cli")
@@ -257,21 +257,30 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
             return _terminated_under(job, exc)
         if exc.errno not in WRITE_ERRNOS and not isinstance(exc, WriteFailed):
             return _failed(job, exc)
-        faults.lift()
-        log.error("%s job could not write", job, exc_info=True)
-        sys.stderr.flush()
-        kept = ("what was written before (the word table, the checkpoints) is intact: "
-                if job == "train" else "")
-        fix = ("make room or fix the permissions" if exc.errno in WRITE_ERRNOS
-               else "check the path and its filesystem")
-        print(f"error: {job} could not write {exc.filename or 'a file'} in stage "
-              f"'{current_stage()}': {exc.strerror}; {kept}{fix}, then {_rerun(job)}",
-              file=sys.stderr)
-        return EXIT_FAILED
+        return _could_not_write(job, exc, exc)
     except Exception as exc:
         if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM
             return _terminated_under(job, exc)
+        failed_write = task_write_failure(exc)  # Spark's tasks writing the output files
+        if failed_write is not None:
+            return _could_not_write(job, failed_write, exc)
         return _failed(job, exc)
+
+
+def _could_not_write(job: str, err: OSError, exc: BaseException) -> int:
+    """A write that failed (a full disk, a read-only directory, a quota): one line naming
+    the file or directory, the stage and the reason; the details in the log above it."""
+    faults.lift()
+    log.error("%s job could not write", job, exc_info=exc)
+    sys.stderr.flush()
+    kept = ("what was written before (the word table, the checkpoints) is intact: "
+            if job == "train" else "")
+    fix = ("make room or fix the permissions" if err.errno in WRITE_ERRNOS
+           else "check the path and its filesystem")
+    print(f"error: {job} could not write {err.filename or 'a file'} in stage "
+          f"'{current_stage()}': {err.strerror}; {kept}{fix}, then {_rerun(job)}",
+          file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _terminated_under(job: str, exc: BaseException) -> int:

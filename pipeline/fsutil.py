@@ -124,6 +124,26 @@ def _java_io_error(spark: SparkSession, exc: BaseException) -> str | None:
         return None
 
 
+_TASK_WRITE = re.compile(r"\[TASK_WRITE_FAILED\][^\n]*? writing rows to (\S+?)\.?(?:\s|$)")
+_IO_CAUSE = re.compile(r"Caused by: java\.io\.\w+(?:Exception|Error): ([^\n]+)")
+
+
+def task_write_failure(exc: BaseException) -> WriteFailed | None:
+    """A Spark job that failed writing its output files (Spark's ``TASK_WRITE_FAILED``)
+    because of the filesystem (a full disk, a quota, permissions, a read-only mount) as
+    :class:`WriteFailed` naming the path and the reason; None for any other failure (a task's
+    own error, a crashed worker: their I/O exceptions name no such reason)."""
+    text = str(exc)
+    m = _TASK_WRITE.search(text)
+    if m is None:
+        return None
+    for reason in reversed(_IO_CAUSE.findall(text)):  # the innermost cause first
+        code = next((e for key, e in _JAVA_ERRNOS if key.lower() in reason.lower()), None)
+        if code is not None:
+            return WriteFailed(code, reason.strip(), m.group(1))
+    return None
+
+
 @contextlib.contextmanager
 def _writing(spark: SparkSession, path: str):
     """Hadoop write calls on ``path``: a Java IOException from them becomes

@@ -112,3 +112,32 @@ def test_a_scheme_spark_cannot_open_is_a_config_error(spark):
         with pytest.raises(ConfigError, match=r"^\S+: this Spark has no filesystem for its "
                                               r"scheme \(No FileSystem for scheme \"\w+\"\)"):
             call()
+
+
+# what a Spark write task that hit a full disk raises (trimmed from a real run: an encode job
+# whose output was on a 300 kB tmpfs)
+_TASK_WRITE_FULL = """An error occurred while calling o87.parquet.
+: org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing rows to \
+file:/mnt/small/enc.tmp-65d51533. SQLSTATE: 58030
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.taskFailedWhileWritingRowsError(Q.scala:1)
+Caused by: org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device
+\tat org.apache.hadoop.fs.RawLocalFileSystem$LocalFSFileOutputStream.write(R.java:1)
+\t... 29 more
+Caused by: java.io.IOException: No space left on device
+\tat java.base/java.io.FileOutputStream.writeBytes(Native Method)
+\t... 41 more
+"""
+
+
+def test_a_spark_write_task_that_hit_a_full_disk_is_a_write_failure():
+    import errno
+
+    err = fsutil.task_write_failure(RuntimeError(_TASK_WRITE_FULL))
+    assert isinstance(err, fsutil.WriteFailed) and err.errno == errno.ENOSPC
+    assert err.filename == "file:/mnt/small/enc.tmp-65d51533"
+    assert err.strerror == "No space left on device"
+    crashed = _TASK_WRITE_FULL.replace("No space left on device", "Stream closed") \
+        + "Caused by: java.io.EOFException\n"  # a Python worker that died: not the disk
+    assert fsutil.task_write_failure(RuntimeError(crashed)) is None
+    assert fsutil.task_write_failure(RuntimeError("Caused by: java.io.IOException: "
+                                                  "No space left on device")) is None
