@@ -78,6 +78,16 @@ def left_to_right(first: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     return first[((idx - chain_start) & 1) == 0]
 
 
+def left_to_right_few(first: list[int], nxt) -> list[int]:
+    """:func:`left_to_right` for a few positions, in plain Python (no fixed cost of numpy
+    calls: most late merges touch a handful of positions): the same rule, one at a time."""
+    kept: list[int] = []
+    for p in first:
+        if not kept or int(nxt[kept[-1]]) != p:  # not the right half of the kept a a
+            kept.append(p)
+    return kept
+
+
 @dataclass(frozen=True)
 class FirstSeenLayout:
     """Bit layout packing a first occurrence (file, row, rank in row) into one int64 whose

@@ -17,6 +17,7 @@ from pipeline.order import (
     FirstSeenLayout,
     heap_entry,
     left_to_right,
+    left_to_right_few,
     pack_pair,
     pack_pairs,
     priority,
@@ -42,6 +43,13 @@ def test_overlapping_occurrences_merge_left_to_right():
     nxt = np.array([2, -1, 4, -1, 5, -1])
     assert left_to_right(np.array([0, 2, 4]), nxt).tolist() == [0, 4]
     assert left_to_right(np.array([3]), nxt).tolist() == [3]
+    # the plain-Python form (few positions) keeps the same ones, on every chain shape
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        nxt = np.r_[np.arange(1, n), -1]
+        first = np.flatnonzero(rng.random(n - 1) < 0.7) if n > 1 else np.array([], int)
+        assert left_to_right_few(first.tolist(), nxt) == left_to_right(first, nxt).tolist()
     # the oracle agrees: "aaaaa" with one merge of (a, a) is aa aa a
     ids, base = initial_words([b"aaaaa"])
     merges = train_oracle(ids, [1], base.tokens, 1, min_pair_count=1)

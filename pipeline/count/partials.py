@@ -31,11 +31,6 @@ from pipeline.spark_session import (
 
 log = logging.getLogger(__name__)
 
-PARTIAL_SCHEMA = (
-    "kind byte, word binary, count long, file int, block long, row long, rank int"
-)
-
-
 KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximum
 # per (file, split) of Spark's reader: the rows it holds (summed), and the largest row index
 # (within the split) that has words (a maximum); names end in ":<file>:<block>"
@@ -49,6 +44,9 @@ PARTIAL_ARROW_SCHEMA = pa.schema([("kind", pa.int8()), ("word", pa.binary()),
                                   ("count", pa.int64()), ("file", pa.int32()),
                                   ("block", pa.int64()), ("row", pa.int64()),
                                   ("rank", pa.int32())])
+_SQL_TYPES = {pa.int8(): "byte", pa.int32(): "int", pa.int64(): "long", pa.binary(): "binary"}
+PARTIAL_SCHEMA = ", ".join(f"{f.name} {_SQL_TYPES[f.type]}"  # the same, as Spark SQL DDL
+                           for f in PARTIAL_ARROW_SCHEMA)
 
 
 Counted = tuple[WordCounter, int, int]  # a counter, its block (0: rows indexed per file), weight

@@ -38,6 +38,7 @@ from pipeline.order import (
     NO_POSITION,
     heap_entry,
     left_to_right,
+    left_to_right_few,
     pack_pair,
     pack_pairs,
     unpack_pair,
@@ -480,13 +481,7 @@ class FlatMergeState:
         same steps without the fixed cost of a dozen numpy calls (most late merges)."""
         tok, nxt, prv, pid, cnt, weight = self.tok, self.nxt, self.prv, self.pid, self.cnt, \
             self.weight
-        kept: list[int] = []
-        for p in self.buf[lo:hi].tolist():
-            if pid[p] != i:
-                continue
-            if kept and int(nxt[kept[-1]]) == p:  # overlaps the kept a a: left to right
-                continue
-            kept.append(p)
+        kept = left_to_right_few([p for p in self.buf[lo:hi].tolist() if pid[p] == i], nxt)
         lost: set[int] = set()
         removed = 0
         for p in kept:
