@@ -246,12 +246,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         print(f"error: {job} interrupted; {_rerun(job)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except MemoryError:
-        faults.lift()
-        log.error("%s job ran out of memory", job, exc_info=True)
-        sys.stderr.flush()
-        print(f"error: {job} ran out of memory in stage '{current_stage()}': "
-              f"{driver_memory_advice()}", file=sys.stderr)
-        return EXIT_FAILED
+        return _out_of_memory(job)
     except OSError as exc:
         if _terminating.is_set():  # e.g. the JVM, killed with us, refused the connection
             return _terminated_under(job, exc)
@@ -261,10 +256,29 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
     except Exception as exc:
         if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM
             return _terminated_under(job, exc)
+        if _no_room_for_a_thread(exc):
+            return _out_of_memory(job)
         failed_write = task_write_failure(exc)  # Spark's tasks writing the output files
         if failed_write is not None:
             return _could_not_write(job, failed_write, exc)
         return _failed(job, exc)
+
+
+def _no_room_for_a_thread(exc: BaseException) -> bool:
+    """A native library (Arrow) that could not start a thread because the process has no
+    address space left for its stack: the same out-of-memory as a MemoryError."""
+    return "Failed to launch worker thread: Resource temporarily unavailable" in str(exc)
+
+
+def _out_of_memory(job: str) -> int:
+    """The driver's Python process ran out of memory: one line with what it had and the
+    setting to change (the details in the log above it)."""
+    faults.lift()
+    log.error("%s job ran out of memory", job, exc_info=True)
+    sys.stderr.flush()
+    print(f"error: {job} ran out of memory in stage '{current_stage()}': "
+          f"{driver_memory_advice()}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _could_not_write(job: str, err: OSError, exc: BaseException) -> int:
