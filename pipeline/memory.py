@@ -4,9 +4,10 @@ count's merge for its partial counts, what the driver has, and what ``auto`` pic
 The driver engine (``engines/local.py``) holds, per symbol of the word table (a byte of a
 distinct word, bytes alphabet), about 18 bytes of token/link/weight arrays, 5-6 bytes of
 stored positions and a few bytes of per-pair arrays; with what the load and the process itself
-take, the peak RSS of the whole driver process was 35.9-38.4 bytes per symbol on the 1 GB
-scale corpus (29.2 M symbols) and 29.3 on the 4 GB one (66.7 M; BENCHMARKS.md, "At scale").
-:data:`LOCAL_BYTES_PER_SYMBOL` rounds the largest up.
+take, the peak RSS of the whole driver process was 35.9-36.8 bytes per symbol on the 1 GB
+scale corpus (29.2 M symbols) and 28.2-29.9 on the 4 GB one (66.7 M), in the BENCHMARKS.md
+sections that give it per symbol. :data:`LOCAL_BYTES_PER_SYMBOL` rounds the largest up, with
+a margin.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 
-LOCAL_BYTES_PER_SYMBOL = 42  # measured 29.3-38.4 (BENCHMARKS.md), plus a margin
+LOCAL_BYTES_PER_SYMBOL = 42  # measured 28.2-36.8 (BENCHMARKS.md), plus a margin
 DRIVER_BASE_BYTES = 400 << 20  # interpreter, numpy/pyarrow, py4j, outputs and report
 COUNT_MERGE_BYTES_PER_BYTE = 3.5  # driver peak per byte of partial counts (Arrow): 3.2 measured
 HELD_BYTES_PER_BYTE = 1.6  # partial counts held split into hash buckets: 1.46 measured
@@ -49,10 +50,12 @@ def parse_size(text: str | None, default_unit: str = "m") -> int | None:
     return int(float(m.group(1)) * 1024 ** " kmgtp".index(unit))
 
 
-def available_bytes(meminfo: str = "/proc/meminfo",
-                    cgroup: str = "/sys/fs/cgroup") -> tuple[int | None, str]:
+def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup",
+                    proc_cgroup: str = "/proc/self/cgroup") -> tuple[int | None, str]:
     """Memory this process could still use: the machine's MemAvailable, lowered to what is left
-    under a container's cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    under a container's cgroup limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``), the
+    tightest of the process's own cgroup and each one above it (a systemd slice, a
+    container without its own cgroup namespace) up to the mount's root."""
     avail, what = None, ""
     try:
         with open(meminfo, encoding="ascii") as fh:
@@ -61,13 +64,11 @@ def available_bytes(meminfo: str = "/proc/meminfo",
                     avail, what = int(line.split()[1]) * 1024, "available on this machine"
     except OSError:
         pass
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes",
-                                    "memory/memory.usage_in_bytes")):
+    for directory, limit_file, usage_file in _cgroup_memory_files(cgroup, proc_cgroup):
         try:
-            with open(os.path.join(cgroup, limit_file), encoding="ascii") as fh:
+            with open(os.path.join(directory, limit_file), encoding="ascii") as fh:
                 limit = fh.read().strip()
-            with open(os.path.join(cgroup, usage_file), encoding="ascii") as fh:
+            with open(os.path.join(directory, usage_file), encoding="ascii") as fh:
                 usage = int(fh.read().strip())
         except (OSError, ValueError):
             continue
@@ -75,8 +76,33 @@ def available_bytes(meminfo: str = "/proc/meminfo",
             left = int(limit) - usage
             if avail is None or left < avail:
                 avail, what = left, "left under the container's memory limit"
-        break
     return avail, what
+
+
+def _cgroup_memory_files(cgroup: str, proc_cgroup: str) -> list[tuple[str, str, str]]:
+    """(directory, limit file, usage file) of each cgroup whose memory limit binds this
+    process: v2 (``0::/path``, under ``cgroup``) and v1 (the ``memory`` controller's path,
+    under ``cgroup/memory``), the process's own and every ancestor, the root included."""
+    paths = {"v2": "/", "v1": "/"}
+    try:
+        with open(proc_cgroup, encoding="ascii") as fh:
+            for line in fh:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    paths["v2"] = path or "/"
+                elif "memory" in controllers.split(","):
+                    paths["v1"] = path or "/"
+    except (OSError, ValueError):
+        pass
+    found = []
+    for version, root, limit_file, usage_file in (
+            ("v2", cgroup, "memory.max", "memory.current"),
+            ("v1", os.path.join(cgroup, "memory"), "memory.limit_in_bytes",
+             "memory.usage_in_bytes")):
+        parts = [p for p in paths[version].split("/") if p and p not in (".", "..")]
+        for depth in range(len(parts), -1, -1):
+            found.append((os.path.join(root, *parts[:depth]), limit_file, usage_file))
+    return found
 
 
 def driver_budget(configured_mb: int, conf: dict[str, str],

@@ -109,12 +109,40 @@ def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path):
     meminfo.write_text("MemTotal: 25000000 kB\nMemAvailable: 20000000 kB\n")
     cg = tmp_path / "cg"
     cg.mkdir()
-    assert available_bytes(str(meminfo), str(cg)) == (20000000 * 1024,
+    assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none")) == (20000000 * 1024,
                                                       "available on this machine")
     (cg / "memory.max").write_text("max\n")
     (cg / "memory.current").write_text("123\n")
-    assert available_bytes(str(meminfo), str(cg))[0] == 20000000 * 1024  # no limit
+    assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none"))[0] == 20000000 * 1024  # no limit
     (cg / "memory.max").write_text(f"{4 * GB}\n")
     (cg / "memory.current").write_text(f"{1 * GB}\n")
-    assert available_bytes(str(meminfo), str(cg)) == (
+    assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none")) == (
         3 * GB, "left under the container's memory limit")
+
+
+def test_the_limit_of_the_process_own_cgroup_and_its_parents_counts(tmp_path):
+    """Without a cgroup namespace the limit is not at the mount's root but on the process's
+    own cgroup (/proc/self/cgroup) or one above it (a systemd slice): the tightest counts,
+    for cgroup v2 and for v1's memory controller."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable: 20000000 kB\n")
+    cg = tmp_path / "cg"
+    slice_ = cg / "system.slice"
+    scope = slice_ / "spark.scope"
+    scope.mkdir(parents=True)
+    (scope / "memory.max").write_text("max\n")
+    (scope / "memory.current").write_text(f"{GB}\n")
+    (slice_ / "memory.max").write_text(f"{6 * GB}\n")
+    (slice_ / "memory.current").write_text(f"{2 * GB}\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/system.slice/spark.scope\n")
+    assert available_bytes(str(meminfo), str(cg), str(proc)) == (
+        4 * GB, "left under the container's memory limit")
+    (scope / "memory.max").write_text(f"{3 * GB}\n")  # tighter than its slice's
+    assert available_bytes(str(meminfo), str(cg), str(proc))[0] == 2 * GB
+    v1 = cg / "memory" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{GB + 5}\n")
+    (v1 / "memory.usage_in_bytes").write_text("5\n")
+    proc.write_text("4:memory:/docker/abc\n1:cpu:/docker/abc\n")
+    assert available_bytes(str(meminfo), str(cg), str(proc))[0] == GB
