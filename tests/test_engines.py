@@ -192,3 +192,22 @@ def test_initial_symbols_reads_large_binary_as_binary(offset):
     got = local.initial_symbols(bytes_vocab(), pa.array(words, pa.large_binary())[offset:])
     assert [a.tolist() for a in got] == [a.tolist() for a in want]
     assert want[0].tolist() == list(b"".join(words[offset:]))
+
+
+@given(st.lists(st.integers(1, 9), max_size=40), st.integers(1, 12))
+def test_the_hand_off_pieces_hold_every_word_once_in_order(lengths, per):
+    """Words cut into pieces of at most ``per`` tokens (a longer word alone): concatenated,
+    the pieces are the words, in order."""
+    from pipeline.engines.spark import cut_words
+
+    lengths_a = np.array(lengths, dtype=np.int64)
+    flat = np.arange(int(lengths_a.sum()), dtype=np.int32)
+    counts = np.arange(len(lengths), dtype=np.int64) + 1
+    pieces = list(cut_words(flat, lengths_a, counts, per))
+    assert all(len(f) == int(ln.sum()) and (len(f) <= per or len(ln) == 1)
+               for f, ln, _ in pieces)
+    if not lengths:
+        assert pieces == []
+        return
+    f, ln, c = (np.concatenate(x) for x in zip(*pieces))
+    assert (f.tolist(), ln.tolist(), c.tolist()) == (flat.tolist(), lengths, counts.tolist())

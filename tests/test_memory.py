@@ -113,7 +113,8 @@ def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path):
                                                       "available on this machine")
     (cg / "memory.max").write_text("max\n")
     (cg / "memory.current").write_text("123\n")
-    assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none"))[0] == 20000000 * 1024  # no limit
+    no_limit = available_bytes(str(meminfo), str(cg), str(tmp_path / "none"))
+    assert no_limit[0] == 20000000 * 1024
     (cg / "memory.max").write_text(f"{4 * GB}\n")
     (cg / "memory.current").write_text(f"{1 * GB}\n")
     assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none")) == (

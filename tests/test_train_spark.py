@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -104,14 +105,20 @@ def en_slice(tmp_path_factory):
     return d
 
 
-def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path, monkeypatch):
+def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path, monkeypatch,
+                                                    caplog):
     from pipeline import memory
+    from pipeline.engines import spark as spark_engine
+
+    caplog.set_level(logging.INFO, logger="pipeline.engines.spark")
     from pipeline.count.word_count import count_words
 
     # auto: a driver budget of 1 MB per symbol, so that ``driver_budget_mb`` = 3/4 of the
     # table's symbols means Spark rounds until the working set shrinks to that, then the driver
     monkeypatch.setattr(memory, "LOCAL_BYTES_PER_SYMBOL", 1 << 20)
     monkeypatch.setattr(memory, "DRIVER_BASE_BYTES", 0)
+    # the hand-off in pieces of at most 997 tokens: many per partition, reassembled in order
+    monkeypatch.setattr(spark_engine, "HANDOFF_TOKENS", 997)
 
     wt = count_words(spark, Config(input=str(en_slice), output=str(tmp_path / "w")))
     table = pq.read_table(wt.data_path).sort_by("first_seen")
@@ -135,6 +142,9 @@ def test_en_docs_slice_spark_and_local_equal_oracle(spark, en_slice, tmp_path, m
     auto = json.loads((tmp_path / "auto" / "stats.json").read_text())
     assert auto["engine"] == "spark" and 0 < auto["handoff_to_driver_at_merge"] < n
     assert auto["engine_decision"].startswith("engine auto -> spark: the driver engine needs")
+    pieces = re.findall(r"handing the working set to the driver: \d+ words, (\d+) tokens, "
+                        r"in (\d+) pieces", caplog.text)
+    assert len(pieces) == 1 and int(pieces[0][1]) >= int(pieces[0][0]) // 997 > 3, pieces
 
 
 def run_job(*args: str, cwd=REPO) -> subprocess.CompletedProcess:

@@ -45,6 +45,7 @@ from pipeline.engines.partition import (
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20  # word bytes per chunk record
+HANDOFF_TOKENS = 1 << 20  # tokens per record of the hand-off to the driver (about 4-6 MB)
 HISTORY_EVERY = 25  # rounds between broadcasts of the whole merge history
 
 
@@ -81,6 +82,19 @@ def _read_chunks(blobs: Iterator[bytes]) -> pa.Table | None:
     return pa.Table.from_batches(batches) if batches else None
 
 
+def cut_words(flat: np.ndarray, lengths: np.ndarray, counts: np.ndarray, per: int
+              ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Words (flat tokens, tokens per word, counts) in consecutive pieces of at most ``per``
+    tokens each (a longer word alone); none for no words."""
+    ends = np.cumsum(lengths)
+    w = 0
+    while w < len(lengths):
+        start = int(ends[w - 1]) if w else 0
+        stop = max(w + 1, int(np.searchsorted(ends, start + per, side="right")))
+        yield flat[start:int(ends[stop - 1])], lengths[w:stop], counts[w:stop]
+        w = stop
+
+
 def gather(rdd) -> list:
     """An RDD's elements on the driver one partition at a time (the next one fetched while
     this one is unpickled): the driver JVM holds one partition's results at once, where
@@ -115,6 +129,8 @@ class SparkPartitions:
         self._old_bcs: list = []
         self.holders = self._build_holders(self._hist_bc)
         sizes = dict(self.holders.collect())
+        self._sizes = sizes
+        self.handoff_tokens = HANDOFF_TOKENS
         self.parts = sorted(sizes)
         self.offsets: dict[int, int] = {}
         acc = 0
@@ -244,12 +260,39 @@ class SparkPartitions:
                                                         offsets[i]))
 
     def collect(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The current words with two or more tokens, partition by partition in corpus order:
-        (flat tokens, tokens per word, counts)."""
-        gen, history = self.gen, self._history_fn()
-        out = self._job(lambda store, i: (i, *store.at_gen(gen, history).words()),
-                        reduce=False)
-        return [tuple(r[1:]) for r in sorted(out, key=lambda r: r[0]) if len(r[2])]
+        """The current words with two or more tokens, in corpus order, as pieces of at most
+        ``handoff_tokens`` tokens (a word longer than that is a piece of its own): (flat
+        tokens, tokens per word, counts). The pieces are spread over as many Spark partitions
+        as it takes to hold about one each, so the driver JVM holds a piece or two at a time
+        (fetching a holder partition whole would put its share of the working set, hundreds
+        of MB on a large table, in the driver's heap at once)."""
+        gen, history, run, per = self.gen, self._history_fn(), self.run, self.handoff_tokens
+        # piece k of partition p goes to Spark partition first_piece[p] + k: distinct numbers
+        # (a partition of n tokens has at most n // per + 1 pieces), under spread
+        first_piece = {p: self.offsets[p] // per + i for i, p in enumerate(self.parts)}
+        spread = self._symbols() // per + len(self.parts) + 1
+
+        def pieces(index: int, recs: Iterator) -> Iterator:
+            if not sum(1 for _ in recs):
+                return
+            flat, lengths, counts = PartitionStore(run, index).at_gen(gen, history).words()
+            for k, piece in enumerate(cut_words(flat, lengths, counts, per)):
+                yield (index, k), piece
+
+        def job() -> list:
+            rdd = self.holders.mapPartitionsWithIndex(pieces).partitionBy(
+                spread, lambda key: (first_piece[key[0]] + key[1]) % spread)
+            return gather(rdd)
+
+        out = sorted(self._rebuilding(job), key=lambda kv: kv[0])
+        log.info("handing the working set to the driver: %d words, %d tokens, in %d pieces",
+                 sum(len(p[1]) for _, p in out), sum(len(p[0]) for _, p in out), len(out))
+        return [piece for _, piece in out]
+
+    def _symbols(self) -> int:
+        """Tokens of all partitions when they were built (an upper bound of today's)."""
+        last = self.parts[-1] if self.parts else None
+        return 0 if last is None else self.offsets[last] + self._sizes[last]
 
     def close(self) -> None:
         """Remove the partition states and drop what Spark cached for them."""
