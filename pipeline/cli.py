@@ -134,6 +134,7 @@ class Terminated(KeyboardInterrupt):
 _terminating = threading.Event()  # SIGTERM seen (here, or by the JVM that runs us)
 _unwound = threading.Event()  # the job has said its last line
 _from_jvm = threading.Event()  # the signal reached the JVM (SIGTERM or SIGINT: it cannot tell)
+_jvm_died = threading.Event()  # ... or Spark exited the JVM on a task's uncaught error
 _jvm_gone = threading.Event()  # the JVM that ran us died without a word (SIGKILL, OOM killer)
 PARENT_POLL_SECONDS = 1.0
 
@@ -173,6 +174,8 @@ def on_jvm_shutdown() -> None:
     gets out through the JVM, the lease is released and no orphan keeps running."""
     if _unwound.is_set():
         return
+    if spark_session.jvm_exit_by_uncaught_error():
+        _jvm_died.set()  # not a signal: a task's error (out of heap) made Spark exit the JVM
     _from_jvm.set()
     _terminating.set()
     signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # wakes a sleep too
@@ -305,11 +308,29 @@ def _terminated_under(job: str, exc: BaseException) -> int:
 
 def _terminated(job: str) -> int:
     """(spark-submit's exit code says which signal it got: 143 SIGTERM, 130 SIGINT.)"""
+    if _jvm_died.is_set():
+        return _jvm_out_of_memory(job)
     which = ("its JVM (spark-submit) is gone" if _jvm_gone.is_set()
              else "SIGTERM or SIGINT to spark-submit" if _from_jvm.is_set() else "SIGTERM")
     with contextlib.suppress(OSError):  # (with the JVM gone, nobody may read it)
         print(f"error: {job} terminated ({which}); {_rerun(job)}", file=sys.stderr)
     return EXIT_TERMINATED
+
+
+def _jvm_out_of_memory(job: str) -> int:
+    """Spark exited the driver JVM because a task thread died of an uncaught error: in local
+    mode that is an executor task out of heap (the JVM's exit code, 52, is spark-submit's)."""
+    from pipeline.spark_session import spark_settings
+
+    heap = spark_settings().get("spark.driver.memory", "1g (default)")
+    resume = ("; the checkpoints are intact: rerun the same command to resume"
+              if job == "train" else f"; {_rerun(job)}")
+    with contextlib.suppress(OSError):
+        print(f"error: {job} failed in stage '{current_stage()}': a task ran out of the driver "
+              f"JVM's memory and Spark stopped the JVM (java.lang.OutOfMemoryError in the log "
+              f"above; spark.driver.memory = {heap}): raise it with spark-submit "
+              f"--driver-memory{resume}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _rerun(job: str) -> str:

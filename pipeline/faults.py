@@ -4,8 +4,10 @@
 there, so that a test can kill the job at that point), ``wait:PATH`` (sleep there until the
 file PATH exists, at most two minutes: the test says when the job may go on), ``memory:MB``
 (cap this process's address space at its current size plus MB, so that the next large
-allocation fails as it would on a driver without enough memory) or ``fsize:BYTES`` (no file
-this process writes may grow past BYTES, so that writes fail as on a full disk). The points
+allocation fails as it would on a driver without enough memory), ``fsize:BYTES`` (no file
+this process writes may grow past BYTES, so that writes fail as on a full disk) or
+``jvm_oom:N`` (a Spark task allocates an array of N longs: past the heap, the JVM's own
+OutOfMemoryError; in local mode Spark then exits the driver JVM). The points
 are named where :func:`at` is called.
 """
 
@@ -40,6 +42,11 @@ def at(point: str) -> None:
         _cap(resource.RLIMIT_AS, size + int(float(value) * 2**20))
     elif kind == "fsize":
         _cap(resource.RLIMIT_FSIZE, int(value))
+    elif kind == "jvm_oom":  # a task that asks the JVM heap for VALUE longs at once
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.getOrCreate()
+        spark.range(1).selectExpr(f"size(sequence(1L, id + {int(value)}L))").collect()
 
 
 def _cap(which: int, soft: int) -> None:

@@ -222,6 +222,28 @@ def _hold_jvm_shutdown(sc: SparkContext) -> None:
                                             "spark-submit will not reach this driver", exc)
 
 
+def jvm_exit_by_uncaught_error() -> str:
+    """Called during the JVM's shutdown: the name of the thread whose uncaught error made
+    Spark exit the JVM (``SparkUncaughtExceptionHandler`` calls ``System.exit`` and waits in
+    it: in local mode an executor task that ran out of heap takes the driver JVM with it,
+    exit code 52), else ''. Only Spark's task threads are looked at (a few py4j calls)."""
+    if _jvm_hook is None:
+        return ""
+    gateway, _ = _jvm_hook
+    try:
+        traces = gateway.jvm.java.lang.Thread.getAllStackTraces()
+        for thread in list(traces.keySet()):
+            name = str(thread.getName())
+            if not name.startswith("Executor task launch worker"):
+                continue
+            if any("SparkUncaughtExceptionHandler" in str(frame.getClassName())
+                   for frame in traces.get(thread)):
+                return name
+    except Exception:  # noqa: BLE001 - the JVM is going away: no answer is no evidence
+        return ""
+    return ""
+
+
 def release_jvm_shutdown_hook() -> None:
     """The job is over: the JVM's normal exit must not call back into a finished Python."""
     global _jvm_hook

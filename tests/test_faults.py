@@ -333,8 +333,9 @@ def test_a_rerun_killed_while_writing_outputs_leaves_no_run_json(spark, corpus, 
 @pytest.mark.spark
 @pytest.mark.slow
 def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, tmp_path, procs):
-    """A driver without the memory the engine needs: exit 1, one line naming the stage, the
-    memory and the setting to change; the checkpoints stay valid and a rerun resumes."""
+    """A driver without the memory the engine needs (its Python process; then its JVM's
+    heap): one line naming the stage, the memory and the setting to change; the checkpoints
+    stay valid and a rerun resumes."""
     ref, run, args = first_run(spark, corpus, tmp_path, 100)
 
     # a bigger vocabulary on a driver that cannot allocate the engine's arrays
@@ -346,6 +347,18 @@ def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, t
     assert last.startswith("error: train ran out of memory in stage 'merges': the driver's "
                            "Python process reached "), last
     assert "--driver-budget-mb" in last and "rerun the same command to resume" in last
+    assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
+
+    # the JVM's heap instead: in local mode a task's OutOfMemoryError makes Spark exit the
+    # driver JVM (code 52), which is no SIGTERM: the line says what ran out and what to raise
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "jvm-out-of-heap",
+               env=job_env(SPARK_BPE_INJECT="merges=jvm_oom:400000000"))
+    procs.append(p)
+    assert p.wait(180) == 52, p.tail()
+    last = p.last_line()
+    assert last.startswith("error: train failed in stage 'merges': a task ran out of the "
+                           "driver JVM's memory"), last
+    assert "--driver-memory" in last and "rerun the same command to resume" in last
     assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
 
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "enough-memory")
