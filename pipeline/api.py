@@ -16,8 +16,11 @@ any program, without the command line.
 Every keyword is a config key (``spark-submit jobs/train.py --help`` lists them, with their
 defaults); a wrong key or value raises :class:`pipeline.config.ConfigError` before any Spark
 work. ``spark``: the session to use (default: the active one, else one is started in local
-mode). A DataFrame corpus is read in its partitions' order, rows in partition order: sort it
-or give files for a result that does not depend on how it was partitioned.
+mode). A DataFrame that selects, filters, samples or repartitions the rows of one file source
+(``spark.read.parquet(...)``, ``spark.table(...)``) is read in the order of its files (path
+order, rows in file order), so it trains as the same files given as paths do; any other
+DataFrame (rows made in memory, joins, unions, exploded rows) is read in its partitions'
+order, rows in partition order: sort it for a result that does not depend on partitioning.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     _absolute_paths(cfg)
     cfg = validate(cfg, job, frame=frame is not None)
     _log_where_seen(cfg, explicit="log_level" in options)
+    log.info("%s config: %s", job, cfg.to_json(job, indent=None))  # as the jobs log it
     return cfg, frame
 
 

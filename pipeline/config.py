@@ -45,10 +45,11 @@ ALL_JOBS = (COUNT, TRAIN, ENCODE)
 INPUT_FORMATS = ("parquet", "json", "text", "orc", "csv", "delta")
 
 
-def opt(default: Any, help: str, jobs: tuple[str, ...] = ALL_JOBS,
+def opt(default: Any, help: str | dict[str, str], jobs: tuple[str, ...] = ALL_JOBS,
         choices: tuple[str, ...] | None = None) -> Any:
-    """A config key: its default (the only place defaults live), its help, the jobs that take
-    it as a flag, and its allowed values (shown in --help and checked by :func:`validate`)."""
+    """A config key: its default (the only place defaults live), its help (one text, or one
+    per job), the jobs that take it as a flag, and its allowed values (shown in --help and
+    checked by :func:`validate`)."""
     meta = {"help": help, "jobs": jobs, "choices": choices}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -61,8 +62,13 @@ CT, CTE, TE = (COUNT, TRAIN), ALL_JOBS, (TRAIN, ENCODE)
 @dataclass
 class Config:
     # -- input ---------------------------------------------------------------------------------
-    input: str = opt("", "the corpus: a path, glob or directory on any Hadoop filesystem; "
-                         "several sources separated by commas (see input_weights)", CTE)
+    input: str = opt("", {
+        COUNT: "the corpus: a path, glob or directory on any Hadoop filesystem; several sources "
+               "separated by commas (see input_weights)",
+        TRAIN: "the corpus: a path, glob or directory on any Hadoop filesystem; several sources "
+               "separated by commas (see input_weights)",
+        ENCODE: "the Parquet files to encode: a path, glob or directory on any Hadoop "
+                "filesystem; several separated by commas"}, CTE)
     input_format: str = opt("parquet", "format of --input, read by Spark (parquet files are "
                                        "read with pyarrow when local)", CT, INPUT_FORMATS)
     input_table: str = opt("", "a catalog table to read instead of --input", CT)
@@ -71,8 +77,9 @@ class Config:
     text_column: str = opt("text", "the column holding the text (string or binary)", CTE)
     words: str = opt("", "a word table instead of --input: one from count_words, or an "
                          "external (word, count[, first_seen]) Parquet or TSV table", (TRAIN,))
-    output: str = opt("", "output directory: the run (train), the word table (count_words), "
-                          "the encoded corpus (encode)")
+    output: str = opt("", {COUNT: "output directory: the word table",
+                          TRAIN: "output directory: the run (tokenizer, exports, stats, report)",
+                          ENCODE: "output directory: the encoded corpus (Parquet)"})
     count_merge: str = opt("auto", "where the tasks' partial counts are merged (auto: on the "
                                    "driver when they fit its memory budget)", CT,
                            ("auto", "driver", "spark"))
@@ -170,8 +177,13 @@ class Config:
                 start = i + 1
         return [s for s in sources if s]
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+    def to_json(self, job: str, indent: int | None = 2) -> str:
+        """The settings ``job`` takes (its flags), as JSON: what a run, a word table or an
+        encoded corpus saves as its config, and what a job logs at start. Other jobs' keys
+        are left out: they did not apply, whatever their value."""
+        keys = job_keys(job)
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k in keys},
+                          indent=indent, sort_keys=True)
 
 
 def _flag(name: str) -> str:
@@ -213,12 +225,13 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
         if isinstance(shown, str) and shown.startswith(repo):  # the sample run's, as written
             shown = shown[len(repo):]
         help_text = f.metadata["help"]
-        if "input_weights" not in keys:  # encode: several inputs, no weights
-            help_text = help_text.replace(" (see input_weights)", "")
-        help_text += f" (default: {shown!r}"
+        if isinstance(help_text, dict):
+            help_text = help_text[job]
         if default != getattr(builtin, f.name):  # from conf/default.toml
-            help_text += f", {SAMPLE_RUN_NOTE}: a run on its own corpus must set it"
-        help_text += ")"
+            help_text += f" (default: {shown!r}, {SAMPLE_RUN_NOTE}: a run on its own corpus " \
+                         "must set it)"
+        elif "(default: " not in help_text:  # else the text says what the default means
+            help_text += f" (default: {shown!r})"
         if f.metadata["choices"]:
             help_text += f"; one of {', '.join(f.metadata['choices'])}"
         if kind == "bool":
@@ -500,6 +513,9 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
              f"config key '{f.name}' must be one of {choices}, not {value!r}")
     need(all(w >= 1 for w in cfg.input_weights),
          "config key 'input_weights': weights are integers >= 1")
+    need(not cfg.input_weights or bool(cfg.inputs),
+         "config key 'input_weights': weights apply to the --input sources (one per source), "
+         "not to --words or --input-table")
     need(not cfg.input_weights or len(cfg.input_weights) == len(cfg.inputs),
          f"config key 'input_weights': {len(cfg.input_weights)} weights for "
          f"{len(cfg.inputs)} input sources")

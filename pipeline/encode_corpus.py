@@ -52,7 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline import fsutil
-from pipeline.config import Config, ConfigError, check_output_place
+from pipeline.config import ENCODE, Config, ConfigError, check_output_place
 from pipeline.count.corpus import (
     check_local_footers,
     check_text_column,
@@ -514,7 +514,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
                "key_columns": keys, "ids_column": cfg.ids_column,
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
                "stats": stats}
-    fsutil.write_text(spark, fsutil.join(tmp, CONFIG_FILE), cfg.to_json())
+    fsutil.write_text(spark, fsutil.join(tmp, CONFIG_FILE), cfg.to_json(ENCODE))
     fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
     fsutil.replace_dir(spark, tmp, cfg.output)
     return summary

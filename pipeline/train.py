@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from pipeline import faults, fsutil
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab, extend_vocab, vocab_bytes
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings
-from pipeline.config import Config, ConfigError, same_or_inside
+from pipeline.config import TRAIN, Config, ConfigError, same_or_inside
 from pipeline.count.corpus import describe_input_change, input_fingerprint, list_input
 from pipeline.count.external import import_word_table, is_ours
 from pipeline.count.word_count import count_words
@@ -525,7 +525,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     stats = _run_stats(prep, out, tokens_left)
     stages["outputs"] = round(time.time() - t_out, 3)
     stages["total_after_session"] = round(time.time() - t_start, 3)
-    fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json())
+    fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json(TRAIN))
     fsutil.write_text(spark, fsutil.join(cfg.output, "stats.json"), json.dumps(stats, indent=2))
     write_run_json(cfg.output, {
         "fingerprint": prep.fingerprint, "name": tokenizer_name(cfg), "merges": len(out.merges),

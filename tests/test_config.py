@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -209,6 +210,10 @@ def test_input_weights_match_the_sources():
     with pytest.raises(ConfigError, match="integers >= 1"):
         validate(cfg("--input", "data/sample", "--input-weights", "0", "--output", "o"),
                  "train")
+    with pytest.raises(ConfigError, match="weights apply to the --input sources .* not to "
+                                          "--words"):
+        validate(cfg("--words", "w.tsv", "--input-weights", "2", "--output", "o",
+                     "--vocab-size", "300"), "train")
 
 
 def test_a_hadoop_brace_glob_is_one_source():
@@ -366,6 +371,28 @@ def test_the_api_logs_where_a_notebook_sees_it(monkeypatch):
     monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
     api._config("count", "data/sample", {"output": "out/x"})
     assert ours.handlers == []  # the program's own logging is kept
+
+
+def test_the_saved_and_logged_config_holds_the_jobs_own_keys(caplog):
+    """A run, a word table and an encoded corpus save (and the jobs and the API log) the
+    settings of their job only: another job's key did not apply, whatever its value."""
+    import logging
+
+    from pipeline import api
+    from pipeline.config import COUNT, ENCODE, TRAIN, job_keys
+
+    c = Config(vocab_size=500, pattern="gpt2", tokenizer="out/run")
+    for job in (TRAIN, COUNT, ENCODE):
+        assert set(json.loads(c.to_json(job))) == job_keys(job)
+    assert "pattern" not in json.loads(c.to_json(ENCODE))  # encode uses the tokenizer's
+    assert json.loads(c.to_json(TRAIN))["vocab_size"] == 500
+    assert "tokenizer" not in json.loads(c.to_json(TRAIN))
+    assert "\n" not in c.to_json(COUNT, indent=None)  # one log line
+    with caplog.at_level(logging.INFO, logger="pipeline.api"):
+        api._config(COUNT, "data/sample", {"output": "out/x", "pattern": "gpt2"})
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("count config: ")]
+    assert len(logged) == 1
+    assert json.loads(logged[0].removeprefix("count config: "))["pattern"] == "gpt2"
 
 
 def test_py4j_tracebacks_of_an_interrupted_call_stay_out_of_the_log():

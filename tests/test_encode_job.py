@@ -305,6 +305,7 @@ def test_job_end_to_end_and_exit_codes(run_dir, held_out, tmp_path):
     assert printed["rows"] == table.num_rows
     config = json.loads((out / "_config.json").read_text())  # the resolved config
     assert config["tokenizer"] == str(run_dir) and config["key_columns"] == ["doc_id"]
+    assert "vocab_size" not in config and "pattern" not in config  # encode's keys only
     # a directory that is not the output of an earlier encode is refused, not replaced
     r = run_encode_job("--tokenizer", str(run_dir), "--input", str(held_out), "--output",
                        str(run_dir.parent / "corpus"))

@@ -33,7 +33,7 @@ from pyspark import Accumulator, StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline import faults, fsutil
-from pipeline.config import Config, ConfigError
+from pipeline.config import COUNT, Config, ConfigError
 from pipeline.count.corpus import (
     UNREADABLE,
     Corpus,
@@ -555,7 +555,7 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
                 "unreadable_files": stats["skipped_files"]}
     meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, source, left_out,
                            None if merged is None else table_summary(merged))
-    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(), check)
+    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT), check)
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
