@@ -17,9 +17,7 @@ Checkpoints make a failed or cancelled training run resumable: run the same comm
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
-import json
 import logging
 import os
 import resource
@@ -28,8 +26,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from pipeline import faults, spark_session
-from pipeline.config import Config, ConfigError, resolve_with_notes, validate
+from pipeline import faults, memory, progress, spark_session
+from pipeline.config import COUNT, TRAIN, Config, ConfigError, resolve_with_notes, validate
 from pipeline.fsutil import WriteFailed, task_write_failure
 from pipeline.progress import BarAwareHandler, current_stage
 
@@ -91,6 +89,25 @@ def driver_memory_advice() -> str:
             f"({where}), or set --driver-budget-mb below that so that engine auto trains with "
             "Spark rounds instead (README: Sizing a run); the checkpoints are intact: rerun "
             "the same command to resume")
+
+
+def killed_driver_line(job: str) -> str:
+    """The line the JVM prints for this job if its Python driver dies without a word (see
+    ``spark_session.set_last_words``): a SIGKILL, most often the OOM killer's."""
+    from pipeline.spark_session import spark_settings
+
+    conf = spark_settings()
+    more = ("raise spark.driver.memoryOverhead (cluster deploy mode: Python lives there)"
+            if conf.get("spark.submit.deployMode") == "cluster"
+            else "give the driver machine more free memory")
+    avail, what = memory.available_bytes()
+    had = f"{avail / 2**30:.1f} GB {what} as the stage began" if avail is not None else \
+        "free memory unknown"
+    budget = ("; or set --driver-budget-mb lower so that auto uses Spark instead (README: "
+              "Sizing a run)" if job in (TRAIN, COUNT) else "")
+    return (f"error: {job} stopped in stage '{current_stage()}': its Python driver was killed "
+            f"(SIGKILL; most likely the kernel's or a container's out-of-memory killer; {had}); "
+            f"{more}{budget}; {_rerun(job)}")
 
 
 def jvm_memory_failure(exc: BaseException, job: str = "train") -> str:
@@ -216,11 +233,16 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
     _jvm_gone.clear()
     if previous is not None:
         spark_session.on_jvm_shutdown = on_jvm_shutdown
+        spark_session.last_words = lambda: killed_driver_line(job)
+        progress.on_stage_change = lambda: _terminating.is_set() or \
+            spark_session.set_last_words(killed_driver_line(job))
         watch_parent_jvm()
     try:
         return _run(job, description, body, argv)
     finally:
         spark_session.on_jvm_shutdown = None
+        spark_session.last_words = None
+        progress.on_stage_change = None
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         with contextlib.suppress(Exception):
@@ -238,7 +260,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         setup_logging(cfg.log_level)
         for note in notes:
             log.info("%s", note)
-        log.info("%s config: %s", job, json.dumps(dataclasses.asdict(cfg), sort_keys=True))
+        log.info("%s config: %s", job, cfg.to_json(job, indent=None))
         return int(body(cfg) or 0)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -34,6 +34,15 @@ def current_stage() -> str:
     return _current_stage
 
 
+on_stage_change: Callable[[], None] | None = None  # set by pipeline.cli while a job runs
+
+
+def _stage_changed() -> None:
+    if on_stage_change is not None:
+        with contextlib.suppress(Exception):  # an observer never fails a stage
+            on_stage_change()
+
+
 def _fmt_seconds(s: float) -> str:
     return f"{s:,.0f} s" if s >= 10 else f"{s:.1f} s"
 
@@ -371,6 +380,7 @@ class Progress:
         st = Stage(self, name, total, unit, poll, start, recent_eta)
         st.fields.update(fields)
         previous, _current_stage = _current_stage, name
+        _stage_changed()
         self.stages.append(st)
         st.beat("start")
         stop = threading.Event()
@@ -398,6 +408,7 @@ class Progress:
             st.closed = True
             st.beat("end")
             _current_stage = previous
+            _stage_changed()
         finally:
             stop.set()
             self.stages.remove(st)

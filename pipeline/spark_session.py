@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark import Accumulator, AccumulatorParam, SparkContext
 from pyspark.sql import SparkSession
@@ -215,11 +216,43 @@ def _hold_jvm_shutdown(sc: SparkContext) -> None:
         gateway = sc._gateway
         ensure_callback_server_started(gateway)
         thread = sc._jvm.java.lang.Thread(_ShutdownHook(on_jvm_shutdown), "spark-bpe-sigterm")
+        _say_name_if_python_is_gone(sc, thread)
         sc._jvm.java.lang.Runtime.getRuntime().addShutdownHook(thread)
         _jvm_hook = (gateway, thread)
     except Exception as exc:  # noqa: BLE001 - without it SIGTERM still stops the JVM
         logging.getLogger(__name__).warning("no JVM shutdown hook (%s): a SIGTERM to "
                                             "spark-submit will not reach this driver", exc)
+        return
+    set_last_words(last_words() if last_words is not None else "")
+
+
+def _say_name_if_python_is_gone(sc: SparkContext, thread: Any) -> None:
+    """If this Python driver is dead when the JVM shuts down (SIGKILL: the kernel's or a
+    container's out-of-memory killer), the hook's call into it fails in the JVM: instead of
+    py4j's stack trace, the JVM prints the hook thread's name, which :func:`set_last_words`
+    keeps as the job's last line (JDK classes only: ``java.beans.EventHandler`` makes an
+    uncaught-exception handler that calls ``System.out.println(thread.getName())``: where
+    PythonRunner sends the Python driver's own lines, stdout and stderr merged)."""
+    jvm = sc._jvm
+    try:
+        handler_class = jvm.java.lang.Class.forName("java.lang.Thread$UncaughtExceptionHandler")
+        handler = jvm.java.beans.EventHandler.create(handler_class, jvm.java.lang.System.out,
+                                                     "println", "name")
+        thread.setUncaughtExceptionHandler(handler)
+    except Exception as exc:  # noqa: BLE001 - a JDK without java.desktop: py4j's trace then
+        logging.getLogger(__name__).debug("no last words for a killed driver: %s", exc)
+
+
+last_words: Callable[[], str] | None = None  # set by pipeline.cli: the line for a killed driver
+
+
+def set_last_words(text: str) -> None:
+    """The line the JVM prints if this Python driver dies without a word (see
+    :func:`_say_name_if_python_is_gone`); '' leaves the hook's own name."""
+    if _jvm_hook is None:
+        return
+    with contextlib.suppress(Exception):  # only a better last line: never fail the job
+        _jvm_hook[1].setName(text or "spark-bpe-sigterm")
 
 
 def jvm_exit_by_uncaught_error() -> str:

@@ -361,6 +361,23 @@ def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, t
     assert "--driver-memory" in last and "rerun the same command to resume" in last
     assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
 
+    # the kernel's OOM killer takes the Python driver (SIGKILL): it cannot say a word, so the
+    # JVM says it, naming the stage (not py4j's stack trace of a failed call into Python)
+    p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "python-driver-killed",
+               env=job_env(SPARK_BPE_INJECT="merges=pause:60"))
+    procs.append(p)
+    p.wait_until(lambda: "merges: started" in p.log(), 120, "the merge stage")
+    python = [pid for pid, cmd in p.members() if "jobs/train.py" in cmd and "java" not in cmd]
+    assert len(python) == 1, p.members()
+    os.kill(python[0], signal.SIGKILL)
+    assert p.wait(60) == 137, p.tail()
+    last = p.last_line()
+    assert last.startswith("error: train stopped in stage 'merges': its Python driver was "
+                           "killed (SIGKILL; most likely"), p.tail()
+    assert "--driver-budget-mb" in last and "rerun the same command to resume" in last
+    assert "Py4JException" not in p.log()
+    assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()
+
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "enough-memory")
     procs.append(p)
     assert p.wait(180) == 0, p.tail()
