@@ -118,10 +118,12 @@ def driver_budget(configured_mb: int, conf: dict[str, str],
     if conf.get("spark.submit.deployMode") == "cluster":
         overhead = parse_size(conf.get("spark.driver.memoryOverhead"))
         source = "spark.driver.memoryOverhead"
-        if overhead is None:
+        if overhead is None:  # Spark's default: a share of the heap, at least a floor
             factor = float(conf.get("spark.driver.memoryOverheadFactor", "0.1"))
-            overhead = max(384 * MB, int(factor * heap))
-            source = f"the driver's default memory overhead ({factor:g} x spark.driver.memory)"
+            floor = parse_size(conf.get("spark.driver.minMemoryOverhead")) or 384 * MB
+            overhead = max(floor, int(factor * heap))
+            source = (f"the driver's default memory overhead ({factor:g} x spark.driver.memory, "
+                      f"at least {floor / MB:.0f} MB)")
         found = overhead if avail is None else min(overhead, avail)
         return Budget(int(BUDGET_SHARE * found),
                       f"{BUDGET_SHARE:.0%} of {found / 2**30:.1f} GB: {source}")

@@ -92,6 +92,16 @@ def test_the_budget_comes_from_the_driver_memory_that_exists():
     assert b.bytes == int(0.8 * 384 * MB)
     b = driver_budget(0, {**cluster, "spark.driver.memory": "20g"}, available=(64 * GB, "x"))
     assert b.bytes == int(0.8 * 2 * GB)
+    b = driver_budget(0, {**cluster, "spark.driver.minMemoryOverhead": "1g"},
+                      available=(64 * GB, "x"))  # Spark 4's floor, when set
+    assert b.bytes == int(0.8 * GB) and "at least 1024 MB" in b.source
+    # so with Spark's defaults in cluster mode (1g heap: 384 MB of overhead) the driver engine
+    # is never chosen (its base alone is 0.4 GB): the merges run as Spark rounds
+    b = driver_budget(0, cluster, available=(64 * GB, "x"))
+    assert choose_engine("auto", 1000, b)[0] == "spark"
+    assert choose_engine("auto", 10_000_000, driver_budget(
+        0, {**cluster, "spark.driver.memoryOverhead": "2g"}, available=(64 * GB, "x")))[0] \
+        == "local"  # 0.4 GB + 42 B x 10 M = 0.79 GB, within 80% of 2 GB
     # a configured budget wins
     assert driver_budget(1500, cluster, available=(1, "x")) == Budget(1500 * MB,
                                                                        "driver_budget_mb")

@@ -37,18 +37,23 @@ def word_df(spark, words: list[bytes], counts: list[int]):
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.text(alphabet="ab ", min_size=1, max_size=10), min_size=2, max_size=25,
                 unique=True),
-       st.sampled_from([1, 2, 7]), st.sampled_from([1, 256]), st.data())
-def test_spark_rounds_equal_oracle(spark, texts, parts, max_batch, data):
+       st.sampled_from([1, 2, 7]), st.sampled_from([1, 256]), st.sampled_from([1, 64]),
+       st.data())
+def test_spark_rounds_equal_oracle(spark, texts, parts, max_batch, chunk_bytes, data):
     words = [t.encode() for t in texts]
     counts = data.draw(st.lists(st.integers(1, 5), min_size=len(words), max_size=len(words)))
     ids, base = initial_words(words)
     expected = train_oracle(ids, counts, base.tokens, 25, 1)
-    # one word per chunk record: a partition's words span many records
+    # one word per chunk record (1 byte), or a few words per record (64): either way a
+    # partition's words span many records
     blocks = SparkPartitions(spark, word_df(spark, words, counts), parts, base,
-                             chunk_bytes=1)
+                             chunk_bytes=chunk_bytes)
     try:
         res = run_rounds(blocks, [1] * 256, 25, 1, None, max_batch)
-        assert blocks.chunk_count == len(words)
+        if chunk_bytes == 1:
+            assert blocks.chunk_count == len(words)
+        else:
+            assert blocks.chunk_count < len(words) or len(words) <= parts
     finally:
         blocks.close()
     assert res.merges == expected
