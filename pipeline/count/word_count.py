@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -402,8 +403,8 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
             with job_group(sc, "count") as group, progress.stage(
                     "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
                 with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):
-                    wt = _count(spark, cfg, cfg.pretokenizer_spec(), t0, counts, lease.check,
-                                frame)
+                    wt = _count(_CountJob(spark, cfg, cfg.pretokenizer_spec(), t0, counts,
+                                          lease.check), frame)
                 counts.phase = ""
                 st = wt.meta["stats"]
                 stage.update(note=f"{st['unique_words']:,} distinct words, "
@@ -413,9 +414,30 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     return wt
 
 
-def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-           counts: TaskCounts, check: Callable[[], None],
-           frame: DataFrame | None = None) -> WordTable:
+@dataclass(frozen=True)
+class _CountJob:
+    """What every step of one count needs: the session, the settings, the split, the start
+    time, the tasks' counters (heartbeats) and the lease check (before publishing)."""
+    spark: SparkSession
+    cfg: Config
+    spec: PretokenizerSpec
+    t0: float
+    counts: TaskCounts
+    check: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _Input:
+    """The corpus as listed: its files, the pyarrow read plan (None: Spark's reader), its
+    fingerprint (for reuse) and the unreadable files left out while listing."""
+    corpus: Corpus
+    plan: list[list[ReadSlice]] | None
+    fingerprint: dict
+    skipped: list[str]
+
+
+def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
+    spark, cfg = job.spark, job.cfg
     footers: dict[str, pq.FileMetaData] = {}
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     corpus = None if frame is not None else list_local_sources(cfg, footers, skipped)
@@ -423,7 +445,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)
-        warming = _warm_workers(spark, spec)
+        warming = _warm_workers(spark, job.spec)
         try:
             corpus = read_sources(spark, cfg, frame)
             if frame is None and cfg.input_format == "parquet" and not cfg.input_table:
@@ -436,8 +458,7 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
     try:
         fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
             else {"files": 0, "bytes": 0, "digest": "a DataFrame: never reused"}
-        return _count_and_write(spark, cfg, spec, t0, corpus, plan, fingerprint,
-                                skipped or [], counts, check)
+        return _count_and_write(job, _Input(corpus, plan, fingerprint, skipped or []))
     except Exception as exc:
         named = unreadable_file_error(exc, kind=format_name(cfg))
         if named is None:
@@ -448,17 +469,13 @@ def _count(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
             warming.join()
 
 
-def _count_and_write(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-                     corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                     skipped: list[str], counts: TaskCounts, check: Callable[[], None]
-                     ) -> WordTable:
-    tmp = fsutil.staging_dir(spark, cfg.output, "word_table.json")
+def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
+    tmp = fsutil.staging_dir(job.spark, job.cfg.output, "word_table.json")
     try:
-        return _count_into(spark, cfg, spec, t0, corpus, plan, fingerprint, skipped, tmp,
-                           counts, check)
+        return _count_into(job, source, tmp)
     except BaseException:
         with contextlib.suppress(Exception):  # nothing half-written is left behind
-            fsutil.delete(spark, tmp)  # (on an object store: the output, without its marker)
+            fsutil.delete(job.spark, tmp)  # (on an object store: the output, without marker)
         raise
 
 
@@ -480,12 +497,12 @@ def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list
     return sorted(set(skipped))
 
 
-def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, tmp: str,
-           t0: float, reader: str, counts: TaskCounts
+def _merge(job: _CountJob, partials: Partials, n_files: int, tmp: str, reader: str
            ) -> tuple[pa.Table | None, dict[str, int], int, float]:
     """Merge the partial counts where ``count_merge`` and the driver's memory say, and write
     the word table under ``tmp``. Returns (the table when merged on the driver, statistics,
     distinct words, time counted)."""
+    spark, cfg, counts = job.spark, job.cfg, job.counts
     conf = dict(spark.sparkContext.getConf().getAll())
     where, buckets, why = choose_count_merge(
         cfg.count_merge, partials.nbytes, driver_budget(cfg.driver_budget_mb, conf),
@@ -493,7 +510,7 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
         driver_fetch_limit(conf, rows=partials.frame is not None) if partials.through_jvm
         else None)
     t_counted = time.time()
-    log.info("counted in %.1f s (%s); %s", t_counted - t0, reader, why)
+    log.info("counted in %.1f s (%s); %s", t_counted - job.t0, reader, why)
     counts.begin(f"merging the partial counts ({where})")
     if where == "driver":
         try:
@@ -517,22 +534,19 @@ def _merge(spark: SparkSession, cfg: Config, partials: Partials, n_files: int, t
     return None, stats, unique_words, t_count
 
 
-def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: float,
-                corpus: Corpus, plan: list[list[ReadSlice]] | None, fingerprint: dict,
-                skipped: list[str], tmp: str, counts: TaskCounts, check: Callable[[], None]
-                ) -> WordTable:
+def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
+    spark, cfg, spec, corpus, plan = job.spark, job.cfg, job.spec, source.corpus, source.plan
     files = corpus.files
     reader = "pyarrow in the tasks" if plan is not None else "Spark's reader"
-    partials = _count_partials(spark, corpus, cfg, spec, plan, counts)
+    partials = _count_partials(spark, corpus, cfg, spec, plan, job.counts)
     try:
-        merged, stats, unique_words, t_count = _merge(spark, cfg, partials, len(files), tmp,
-                                                      t0, reader, counts)
+        merged, stats, unique_words, t_count = _merge(job, partials, len(files), tmp, reader)
     finally:
         partials.release()
     if merged is not None:  # (a Spark merge writes the table as it aggregates)
         log.info("wrote the word table in %.1f s", time.time() - t_count)
     stats["unique_words"] = unique_words
-    stats["skipped_files"] = _skipped_files(stats, files, skipped,
+    stats["skipped_files"] = _skipped_files(stats, files, source.skipped,
                                             plan is None and corpus.by_file,
                                             cfg.ignore_corrupt_files)
     if stats["skipped_files"]:
@@ -547,15 +561,15 @@ def _count_into(spark: SparkSession, cfg: Config, spec: PretokenizerSpec, t0: fl
             f"({stats.get('rows', 0)} rows, {stats.get('null_rows', 0)} null, "
             f"{stats.get('empty_rows', 0)} empty): nothing to train on"
         )
-    stats["seconds"] = round(time.time() - t0, 3)
+    stats["seconds"] = round(time.time() - job.t0, 3)
     stats["files"] = len(files)
-    source = {**source_meta(cfg), "input_fingerprint": fingerprint, "files": len(files)}
+    origin = {**source_meta(cfg), "input_fingerprint": source.fingerprint, "files": len(files)}
     left_out = {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
                                                 "rows_with_long_words")},
                 "unreadable_files": stats["skipped_files"]}
-    meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, source, left_out,
+    meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, origin, left_out,
                            None if merged is None else table_summary(merged))
-    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT), check)
+    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT), job.check)
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
