@@ -427,6 +427,29 @@ def _refuse_repeated_flags(argv: list[str]) -> None:
         seen.add(base)
 
 
+def _check_special_tokens(cfg: Config) -> None:
+    """Special tokens every exported encoder splits alike: none a prefix of another (where
+    both match, tiktoken takes the one it lists first, ours and tokenizers the longest), and
+    none equal to a byte's token of the byte-level vocabulary (tokenizers would give it the
+    byte's id)."""
+    for a in cfg.special_tokens:
+        for b in cfg.special_tokens:
+            if a != b and b.startswith(a):
+                raise ConfigError(
+                    f"config key 'special_tokens': {a!r} is a prefix of {b!r}: where both "
+                    "match, the encoders of the exports would split them differently "
+                    "(tiktoken takes either); rename one")
+    if cfg.alphabet == "bytes":
+        from pipeline.outputs import BYTE_ENCODER
+
+        clash = [t for t in cfg.special_tokens if t in set(BYTE_ENCODER.values())]
+        if clash:
+            raise ConfigError(
+                f"config key 'special_tokens': {clash[0]!r} is also the token of a byte in the "
+                "byte-level vocabulary (tokenizer.json would give it that byte's id); use a "
+                "longer special token, e.g. '<|" + clash[0] + "|>'")
+
+
 def job_keys(job: str) -> set[str]:
     """The config keys a job takes (its flags)."""
     return {f.name for f in fields(Config) if job in f.metadata["jobs"]}
@@ -558,6 +581,7 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     need(len(set(cfg.special_tokens)) == len(cfg.special_tokens),
          "config key 'special_tokens' has duplicates")
     need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
+    _check_special_tokens(cfg)
     need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
     need(cfg.max_token_bytes == 0 or cfg.max_token_bytes >= 2, "config key 'max_token_bytes' "
          "must be 0 (no limit) or >= 2 (a merge makes a token of 2 bytes or more)")

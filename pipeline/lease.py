@@ -7,6 +7,10 @@ holder's host, pid, start time and the time it last renewed it. The file is crea
 exclusively (``O_EXCL`` locally, ``createNewFile`` on HDFS), renewed by a background thread
 every ``timeout / 4`` seconds, and deleted when the run ends.
 
+Nothing is written inside a directory another run holds: a lease is refused while a directory
+that encloses it (a checkpoint directory or a word table inside a running run's directory) has
+a live ``.lease.json`` of another process.
+
 A second run finds the lease held and stops with one line naming the holder, unless the
 holder is gone: on the same host its process no longer exists, or anywhere its last renewal is
 older than ``timeout`` seconds. A gone holder's lease is taken over, with a log line. (On an
@@ -93,8 +97,37 @@ class Lease:
             return "its process no longer exists"
         return ""
 
+    def _refusal(self, holder: dict, what: str) -> str:
+        return (f"{what} is in use by another {self.purpose} (host {holder.get('host')}, "
+                f"pid {holder.get('pid')}, started {holder.get('started')}, last seen "
+                f"{_now() - float(holder.get('renewed', 0)):,.0f} s ago)")
+
+    def _refuse_inside_a_live_run(self) -> None:
+        """Refuse when a directory enclosing ``held`` is leased by another live process (a
+        lease of this process, a run taking its word table's lease, is its own)."""
+        here = self.held
+        while True:
+            parent, _ = fsutil.split_parent(here)
+            if parent in (here, ".") or parent.endswith("://"):
+                return
+            here = parent
+            path = fsutil.join(here, NAME)
+            if not fsutil.exists(self.spark, path):
+                continue
+            other = Lease(self.spark, here, self.timeout)
+            holder = other._read()
+            if holder is None or (holder.get("host") == self.me["host"]
+                                  and int(holder.get("pid", -1)) == self.me["pid"]):
+                continue
+            if not other._gone(holder):
+                raise LeaseHeld(
+                    f"{self.held} is inside {here}, which "
+                    + other._refusal(holder, "").lstrip()
+                    + f"; write elsewhere, or wait for that run to finish (its lease: {path})")
+
     # -- acquire / renew / release -----------------------------------------------------------------
     def acquire(self) -> Lease:
+        self._refuse_inside_a_live_run()
         fsutil.mkdirs(self.spark, self.dir)
         for _ in range(3):
             if fsutil.create_exclusive(self.spark, self.path, self._record()):
@@ -106,11 +139,9 @@ class Lease:
             why = self._gone(holder)
             if not why:
                 raise LeaseHeld(
-                    f"{self.held} is in use by another {self.purpose} (host {holder.get('host')}, "
-                    f"pid {holder.get('pid')}, started {holder.get('started')}, last seen "
-                    f"{_now() - float(holder.get('renewed', 0)):,.0f} s ago); wait for it to "
-                    f"finish, or, if it is gone, delete {self.path} (a lease not renewed for "
-                    f"lease_timeout_seconds = {self.timeout:g} is taken over by itself)")
+                    self._refusal(holder, self.held) + f"; wait for it to finish, or, if it is "
+                    f"gone, delete {self.path} (a lease not renewed for lease_timeout_seconds "
+                    f"= {self.timeout:g} is taken over by itself)")
             log.warning("taking over the lease of %s from host %s pid %s (started %s): %s",
                         self.held, holder.get("host"), holder.get("pid"), holder.get("started"),
                         why)

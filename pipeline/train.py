@@ -46,7 +46,7 @@ from pipeline.count.word_table import (
     legacy_digest,
     open_word_table,
     read_word_table,
-    same_source,
+    source_changes,
     spark_table_summary,
 )
 from pipeline.engines.local import LocalTrainer, initial_symbols
@@ -122,12 +122,17 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = _reusable_table(spark, own)  # (None when damaged: counted again)
     if wt is not None:
-        same_input = same_source(wt.meta, cfg)
-        if same_input and _cut_elsewhere(wt, cfg):
+        changed_input = source_changes(wt.meta, cfg)
+        changed_split = [f"{k} {v!r} then, {getattr(cfg, k)!r} now"
+                         for k, v in _table_settings(wt).items() if getattr(cfg, k) != v]
+        if changed_input or changed_split:
+            log.info("recounting: the word table at %s was counted with another %s (%s)", own,
+                     "input" if changed_input else "split",
+                     "; ".join(changed_input + changed_split))
+        elif _cut_elsewhere(wt, cfg):
             log.info("recounting: the word table at %s was counted by an older version that "
                      "cut special tokens after normalization and lowercasing", own)
-        elif same_input and all(getattr(cfg, k) == v
-                                 for k, v in _table_settings(wt).items()):
+        else:
             files, footers = list_input(spark, cfg)
             now = input_fingerprint(spark, files, footers)
             then = wt.meta.get("input_fingerprint")
@@ -140,13 +145,14 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
             log.info("recounting: %s", describe_input_change(then, now))
     _refuse_other_settings(spark, cfg, cfg.max_word_bytes)
     sub = Config(**{**cfg.__dict__, "output": own})
-    if frame is None:  # a recount (a changed input, other weights or paths) must not leave
-        _invalidate_run(spark, cfg.output)  # the earlier run.json beside a new table (a
-        # DataFrame is counted on every run: the same one gives the same table, and the run
-        # stays complete)
+    # a recount (a changed input, other weights or paths) must not leave the earlier run.json
+    # beside a new table: it goes when the new table replaces the old one, not before (a
+    # count that fails leaves the earlier run complete). A DataFrame is counted on every run:
+    # the same one gives the same table, and the run stays complete.
+    invalidate = None if frame is not None else lambda: _invalidate_run(spark, cfg.output)
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
-    wt = count_words(spark, sub, progress, frame, lease)
+    wt = count_words(spark, sub, progress, frame, lease, invalidate)
     return WordTableChoice(wt, time.time() - t0)
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline.config import Config, ConfigError, resolve, validate
 from pipeline.count.word_count import count_words
+from pipeline.encode_corpus import BatchEncoder, load_plan
 from pipeline.encoder import Tokenizer
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 from pipeline.train import train
@@ -184,6 +185,47 @@ def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_
                             vocab_size=300, progress_bar=False))
 
 
+def damage_row_group(path, group: int) -> None:
+    """Overwrite one row group's data pages: the footer still reads, that data does not."""
+    chunk = pq.read_metadata(path).row_group(group).column(0)
+    data = bytearray(path.read_bytes())
+    start = chunk.data_page_offset
+    data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.spark
+def test_a_failed_recount_leaves_the_earlier_run_complete(spark, tmp_path, caplog):
+    """A scheduled rerun whose recount fails (a damaged shard was added; the same holds for a
+    kill or an out-of-memory error while counting) leaves yesterday's tokenizer as it was:
+    its run.json goes only when the new word table replaces the old one. A rerun over other
+    paths says why it recounts."""
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"text": normal_rows()}), lake / "part-0.parquet")
+    run = tmp_path / "run"
+    cfg = Config(input=str(lake), output=str(run), vocab_size=300, progress_bar=False)
+    train(spark, cfg)
+    before = {n: (run / n).read_bytes() for n in ("run.json", "merges.txt", "tokenizer.json")}
+    bad = lake / "part-1.parquet"
+    pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
+                   row_group_size=50)
+    damage_row_group(bad, 1)
+    with pytest.raises(ConfigError, match=r"part-1\.parquet is not a readable Parquet file"):
+        train(spark, cfg)
+    assert {n: (run / n).read_bytes() for n in before} == before
+    assert Tokenizer.load(str(run)).encode("hello world")  # still a complete run
+    bad.unlink()
+    other = tmp_path / "other"
+    other.mkdir()
+    pq.write_table(pa.table({"text": normal_rows(30)}), other / "part-0.parquet")
+    caplog.set_level("INFO", logger="pipeline.train")
+    train(spark, Config(input=str(other), output=str(run), vocab_size=300,
+                        progress_bar=False))
+    assert re.search(r"recounting: the word table at \S+ was counted with another input "
+                     r"\(input '\S*lake' then, '\S*other' now\)", caplog.text), caplog.text
+
+
 @pytest.mark.spark
 @pytest.mark.parametrize("merge", ["driver", "spark"])
 def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spark, tmp_path,
@@ -199,12 +241,7 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     bad = tmp_path / "in" / "part-1.parquet"
     pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
                    row_group_size=50)
-    meta = pq.read_metadata(bad)
-    chunk = meta.row_group(1).column(0)
-    data = bytearray(bad.read_bytes())
-    start = chunk.data_page_offset
-    data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
-    bad.write_bytes(bytes(data))
+    damage_row_group(bad, 1)
     tables = []
     for parts in (1, 4):
         out = tmp_path / f"w{parts}"
@@ -359,14 +396,25 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
     assert_word_table(d / "run" / "words", naive)
     assert merges == oracle_merges(d / "in", cfg)
     tok = Tokenizer.load(str(d / "run"))
+    # the encode job's encoder too: tiktoken where it takes the row, else the reference
+    plan = load_plan(None, Config(tokenizer=str(d / "run"), output=str(d / "enc")))
+    assert plan.engine == "tiktoken"
+    job_encoder = BatchEncoder(plan)
     for raw, text in zip(data, rows):
         ids = tok.encode(text, disallowed_special=())
         assert tok.decode_bytes(ids) == raw
+        valid = raw.decode("utf-8", "replace").encode() == raw
+        assert job_encoder.encode(text, valid)[0] == ids
 
 
 @pytest.mark.parametrize("args,message", [
     (["--special-tokens", "<|a|>,<|a|>"], "config key 'special_tokens' has duplicates"),
-    (["--special-tokens", "x,"], None),  # an empty item after a comma is dropped
+    (["--special-tokens", "<x>,"], None),  # an empty item after a comma is dropped
+    (["--special-tokens", "<|a,<|a|>"], "config key 'special_tokens': '<|a' is a prefix of "
+                                        "'<|a|>'"),
+    (["--special-tokens", "<|a|>,e"], "config key 'special_tokens': 'e' is also the token of "
+                                      "a byte"),
+    (["--special-tokens", "e", "--alphabet", "chars"], None),
     (["--pattern", "(?P<x"], "config key 'pattern': pattern '(?P<x' does not compile"),
     (["--pattern", "[a-"], "does not compile"),
     (["--pattern", "x*"], "config key 'pattern': pattern 'x*' matches the empty string"),

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +138,8 @@ def test_an_output_replaced_whole_has_its_lease_beside_it(tmp_path):
 HOLDER = """
 import sys
 from pipeline.lease import Lease
-lease = Lease.beside(None, sys.argv[1], 60, sys.argv[2]).acquire()
+lease = (Lease(None, sys.argv[1], 60) if sys.argv[2] == "run"
+         else Lease.beside(None, sys.argv[1], 60, sys.argv[2])).acquire()
 print("held", flush=True)
 sys.stdin.read()  # until the test closes stdin
 lease.release()
@@ -156,6 +158,30 @@ def held_by_another_process(output: Path, purpose: str):
         assert p.stdin is not None
         p.stdin.close()
         assert p.wait(30) == 0
+
+
+def test_nothing_is_leased_inside_a_directory_another_run_holds(tmp_path):
+    """Two real processes: while one holds a run directory, the other may not lease a
+    checkpoint directory or a word table inside it (the two would interleave writes there);
+    a process's own run lease does not block its own word table; once the run is gone, both
+    are free."""
+    run = tmp_path / "run-a"
+    inner = [Lease(None, str(run / "checkpoints"), 60),
+             Lease.beside(None, str(run / "words"), 60, "word count")]
+    with held_by_another_process(run, "run") as pid:
+        for lease in inner:
+            with pytest.raises(LeaseHeld, match=rf"^{re.escape(lease.held)} is inside "
+                                                rf"{re.escape(str(run))}, which is in use by "
+                                                rf"another run \(host [^,]+, pid {pid}, "):
+                lease.acquire()
+        assert not (run / "checkpoints").exists() and not (run / ".words.lease.json").exists()
+    own = Lease(None, str(tmp_path / "run-b"), 60).acquire()
+    try:
+        Lease.beside(None, str(tmp_path / "run-b" / "words"), 60, "word count").acquire().release()
+    finally:
+        own.release()
+    for lease in inner:
+        lease.acquire().release()
 
 
 @pytest.mark.spark

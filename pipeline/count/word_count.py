@@ -380,13 +380,17 @@ def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) 
 
 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
-                frame: DataFrame | None = None, lease: Lease | None = None) -> WordTable:
+                frame: DataFrame | None = None, lease: Lease | None = None,
+                before_replacing: Callable[[], None] | None = None) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically, holding
     the output's lease (:meth:`pipeline.lease.Lease.beside`; ``lease``: already held by the
     caller) throughout, with heartbeats while it runs (rows and bytes the tasks have read, see
     :class:`pipeline.spark_session.TaskCounts`; tasks done from Spark's status tracker). ``frame``:
     count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
-    partitions in order, rows in partition order)."""
+    partitions in order, rows in partition order). ``before_replacing``: called once the
+    count has succeeded, just before the new table replaces the one at ``cfg.output`` (or
+    before writing starts, where the table is written in place: an object store), so that a
+    failed count leaves everything as it was (a run's ``run.json`` is removed there)."""
     t0 = time.time()
     check_replaceable(spark, cfg.output)
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
@@ -404,7 +408,7 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
                     "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
                 with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):
                     wt = _count(_CountJob(spark, cfg, cfg.pretokenizer_spec(), t0, counts,
-                                          lease.check), frame)
+                                          lease.check, before_replacing), frame)
                 counts.phase = ""
                 st = wt.meta["stats"]
                 stage.update(note=f"{st['unique_words']:,} distinct words, "
@@ -417,13 +421,22 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
 @dataclass(frozen=True)
 class _CountJob:
     """What every step of one count needs: the session, the settings, the split, the start
-    time, the tasks' counters (heartbeats) and the lease check (before publishing)."""
+    time, the tasks' counters (heartbeats), the lease check and what to do before the new
+    table replaces the old one (see :func:`count_words`)."""
     spark: SparkSession
     cfg: Config
     spec: PretokenizerSpec
     t0: float
     counts: TaskCounts
     check: Callable[[], None]
+    before_replacing: Callable[[], None] | None = None
+
+    def check_and_prepare(self, in_place: bool) -> None:
+        """Before publishing: the lease still ours, then ``before_replacing`` (unless it ran
+        before an in-place write)."""
+        self.check()
+        if self.before_replacing is not None and not in_place:
+            self.before_replacing()
 
 
 @dataclass(frozen=True)
@@ -471,6 +484,9 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
 
 def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
     tmp = fsutil.staging_dir(job.spark, job.cfg.output, "word_table.json")
+    in_place = tmp.rstrip("/") == job.cfg.output.rstrip("/")
+    if in_place and job.before_replacing is not None:  # the old table is overwritten as
+        job.before_replacing()  # the count writes: what depends on it goes first
     try:
         return _count_into(job, source, tmp)
     except BaseException:
@@ -569,7 +585,9 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
                 "unreadable_files": stats["skipped_files"]}
     meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, origin, left_out,
                            None if merged is None else table_summary(merged))
-    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT), job.check)
+    in_place = tmp.rstrip("/") == cfg.output.rstrip("/")
+    publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT),
+                       lambda: job.check_and_prepare(in_place))
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],

@@ -320,11 +320,13 @@ def source_meta(cfg: Config) -> dict:
             "input_table": cfg.input_table, "input_weights": list(cfg.input_weights)}
 
 
-def same_source(meta: dict, cfg: Config) -> bool:
-    """Whether a word table's metadata names this config's input (not whether the files
-    behind it changed: that is the input fingerprint's job)."""
+def source_changes(meta: dict, cfg: Config) -> list[str]:
+    """How this config's input differs from the one a word table records, one phrase per
+    setting (``input 'a' then, 'b' now``); empty when it names the same input (whether the
+    files behind it changed is the input fingerprint's job)."""
     now = {**source_meta(cfg), "text_column": cfg.text_column}
-    return all(meta.get(k, default) == now[k] for k, default in _SOURCE_DEFAULTS.items())
+    return [f"{k} {meta.get(k, default)!r} then, {now[k]!r} now"
+            for k, default in _SOURCE_DEFAULTS.items() if meta.get(k, default) != now[k]]
 
 
 def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: int,
