@@ -40,6 +40,7 @@ import json
 import logging
 import re
 import time
+import unicodedata
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -235,6 +236,36 @@ def _long_run(text: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=1)
+def _unknown_or_astral() -> re.Pattern:
+    """A BMP character unassigned in Python's Unicode database, or any character above the
+    BMP (a bitmap and one range for ``re``: a few ns per character; built once per process
+    from 64 K lookups)."""
+    ranges, start = [], None
+    for cp in range(0x10001):
+        unknown = cp < 0x10000 and not 0xD800 <= cp <= 0xDFFF \
+            and unicodedata.category(chr(cp)) == "Cn"
+        if unknown and start is None:
+            start = cp
+        elif not unknown and start is not None:
+            ranges.append(f"\\u{start:04x}-\\u{cp - 1:04x}")
+            start = None
+    return re.compile("[" + "".join(ranges) + "\\U00010000-\\U0010ffff]")
+
+
+def _newer_character(text: str) -> str:
+    """A character of ``text`` that Python's Unicode database (14.0 on Python 3.11) does not
+    know, or ''. The ``regex`` package (our split, at training too) and tiktoken's regex
+    engine each ship their own Unicode version, so such a character may be a letter to one and
+    unassigned to the other, and the text around it split otherwise: those rows go to the
+    reference encoder, which splits as training did."""
+    for m in _unknown_or_astral().finditer(text):
+        ch = m.group()
+        if ord(ch) < 0x10000 or unicodedata.category(ch) == "Cn":
+            return ch
+    return ""
+
+
 def _tiktoken_version(module) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in module.__version__.split(".")[:2])
@@ -252,8 +283,9 @@ class BatchEncoder:
     """Executor side: encodes texts with the plan's engine and the special-token policy.
 
     With the tiktoken engine, a row tiktoken cannot take (see ``TIKTOKEN_MAX_RUN``,
-    ``TIKTOKEN_MAX_PIECE``; or tiktoken raises or panics on it) is encoded by the reference
-    encoder instead, which gives the same ids in O(n log n) for any row. For the last row
+    ``TIKTOKEN_MAX_PIECE``; or tiktoken raises or panics on it), or may split otherwise (a
+    character newer than Python's Unicode database: :func:`_newer_character`) is encoded by
+    the reference encoder instead, which gives the same ids in O(n log n) for any row. For the last row
     :meth:`encode` saw, ``via_reference`` says why ("" when tiktoken took it all) and
     ``tiktoken_error`` what tiktoken raised, if it did."""
 
@@ -288,6 +320,10 @@ class BatchEncoder:
         run = _long_run(prepared) if len(prepared) >= _RUN_BLOCK else ""
         if run:
             return run
+        newer = "" if prepared.isascii() else _newer_character(prepared)
+        if newer:
+            return f"a character newer than Unicode {unicodedata.unidata_version} " \
+                   f"(U+{ord(newer):04X}: the split engines may disagree on it)"
         if (self.piece_split is not None and len(prepared) > TIKTOKEN_MAX_PIECE
                 and max(map(len, self.piece_split.split_chunks((prepared,))), default=0)
                 > TIKTOKEN_MAX_PIECE):
@@ -528,7 +564,8 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
         return [frame], "the DataFrame"
     sources = [read_corpus(spark, path, cfg.text_column) for path in cfg.inputs]
     frames = [df for df, _ in sources]
-    check_local_footers(sorted({f for _, files in sources for f in files}), can_skip=False)
+    check_local_footers(sorted({f for _, files in sources for f in files}), can_skip=False,
+                        text_column=cfg.text_column)
     schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
                for df in frames}
     if len(schemas) > 1:

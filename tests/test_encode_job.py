@@ -271,6 +271,13 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
     cases.append((dict(input=str(bad), tokenizer=str(run_dir), output=out),
                   r"part-1\.parquet is not a readable Parquet file .*fix or remove it, then "
                   r"rerun$"))
+    numbers = tmp_path / "numbers"  # a shard whose text column holds numbers: named as such
+    numbers.mkdir()
+    pq.write_table(pa.table({"text": ["good row"] * 20}), numbers / "part-0.parquet")
+    pq.write_table(pa.table({"text": list(range(20))}), numbers / "part-1.parquet")
+    cases.append((dict(input=str(numbers), tokenizer=str(run_dir), output=out),
+                  r"^config key 'text_column': column 'text' is int64 in \S*part-1\.parquet, "
+                  r"not string or binary$"))
     (tmp_path / "rows.jsonl").write_text('{"text": "not Parquet"}\n' * 50)  # a lone file
     cases.append((dict(input=str(tmp_path / "rows.jsonl"), tokenizer=str(run_dir), output=out),
                   r"rows\.jsonl is not a readable Parquet file .*fix or remove it, then rerun$"))

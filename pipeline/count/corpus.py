@@ -142,17 +142,33 @@ def list_local_corpus(path: str, text_column: str,
     return sorted(read)
 
 
-def check_local_footers(files: list[str], can_skip: bool = True) -> None:
-    """Read the Parquet footer of each local file of ``files`` (cheap): an unreadable one is
-    one error naming it before any Spark task meets it (a task's failure comes with pages of
-    Java stack traces in the log)."""
+def check_local_footers(files: list[str], can_skip: bool = True,
+                        text_column: str | None = None) -> None:
+    """Read the Parquet footer of each local file of ``files`` (cheap): an unreadable one, or
+    one whose ``text_column`` is not text, is one error naming it before any Spark task meets
+    it (a task's failure comes with pages of Java stack traces in the log)."""
     for f in files:
         if not fsutil.is_local(f):
             continue
         try:
-            pq.read_metadata(fsutil.local_path(f))
+            meta = pq.read_metadata(fsutil.local_path(f))
+            schema = meta.schema.to_arrow_schema() if text_column else None
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             raise corrupt_file_error(f, first_line(exc), can_skip) from None
+        if schema is not None and text_column is not None:
+            check_text_type(schema, text_column, f)
+
+
+def check_text_type(schema: pa.Schema, text_column: str, f: str) -> bool:
+    """Whether the file's schema has ``text_column``; an error naming the file when that
+    column is not text."""
+    i = schema.get_field_index(text_column)
+    if i < 0:
+        return False
+    if not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
+        raise ConfigError(f"config key 'text_column': column {text_column!r} is "
+                          f"{schema.field(i).type} in {f}, not string or binary")
+    return True
 
 
 def first_line(exc: BaseException | str) -> str:
@@ -193,12 +209,8 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
                 raise corrupt_file_error(f, first_line(exc)) from None
             skipped.append(f)
             continue
-        i = schema.get_field_index(text_column)
-        if i < 0:
+        if not check_text_type(schema, text_column, f):
             return None
-        if not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
-            raise ConfigError(f"config key 'text_column': column {text_column!r} is "
-                              f"{schema.field(i).type} in {f}, not string or binary")
         first = 0
         for rg in range(meta.num_row_groups):
             group = meta.row_group(rg)
