@@ -5,7 +5,7 @@ The driver engine (``engines/local.py``) holds, per symbol of the word table (a 
 distinct word, bytes alphabet), about 18 bytes of token/link/weight arrays, 5-6 bytes of
 stored positions and a few bytes of per-pair arrays; with what the load and the process itself
 take, the peak RSS of the whole driver process was 35.9-36.8 bytes per symbol on the 1 GB
-scale corpus (29.2 M symbols) and 28.2-29.9 on the 4 GB one (66.7 M), in the BENCHMARKS.md
+scale corpus (29.2 M symbols) and 28.2-32.7 on the 4 GB one (66.7 M), in the BENCHMARKS.md
 sections that give it per symbol. :data:`LOCAL_BYTES_PER_SYMBOL` rounds the largest up, with
 a margin.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 LOCAL_BYTES_PER_SYMBOL = 42  # measured 28.2-36.8 (BENCHMARKS.md), plus a margin
 DRIVER_BASE_BYTES = 400 << 20  # interpreter, numpy/pyarrow, py4j, outputs and report
-COUNT_MERGE_BYTES_PER_BYTE = 3.5  # driver peak per byte of partial counts (Arrow): 3.2 measured
-HELD_BYTES_PER_BYTE = 1.6  # partial counts held split into hash buckets: 1.46 measured
+COUNT_MERGE_BYTES_PER_BYTE = 3.5  # driver peak per byte of partial counts (Arrow), with a margin
+HELD_BYTES_PER_BYTE = 1.6  # partial counts held split into hash buckets
 MAX_MERGE_BUCKETS = 64
 BUDGET_SHARE = 0.8  # of the memory found, leave a fifth for everything else
 MB = 1 << 20

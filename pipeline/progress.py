@@ -128,8 +128,8 @@ class Stage:
         # the ETA at the rate since the previous heartbeat, not the average: for work that
         # gets cheaper as it goes (the first merges rewrite the most words); none until a
         # heartbeat after the first one with work done since the rate (re)started, whose rate
-        # is that of the heaviest work alone (1 GB table: the first 256 merges took 6.5 of
-        # 24 s; ETAs from the first merges said 313 s and 818 s for 16 and 17 s left)
+        # is that of the heaviest work alone (1 GB table: ETAs from the first merges said
+        # 313 s for 16 s left, BENCHMARKS.md thirteenth session)
         self.recent_eta = recent_eta
         self.last_point: tuple[float, float] | None = None  # (time, done) of the last beat
         self.t0 = time.time()

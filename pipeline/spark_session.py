@@ -34,7 +34,7 @@ class DeferredSession:
     whose session is created when first used, or earlier in a background thread after
     :meth:`start`.
 
-    Creating the session takes about 2.7 s of JVM time in a fresh Spark 4 application (it loads
+    Creating the session takes seconds of JVM time in a fresh Spark 4 application (it loads
     the SQL extensions, ML functions among them, through Scala reflection). A run that never
     needs Spark SQL (local corpus read with pyarrow, training on the driver, local outputs)
     skips that work; one that will need it calls :meth:`start` early so it overlaps the count."""
