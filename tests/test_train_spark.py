@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pipeline.bpe import bytes_vocab, initial_words, train_oracle
 from pipeline.config import Config
 from pipeline.count.word_table import WORD_TABLE_SCHEMA
+from pipeline.encoder import Tokenizer
 from pipeline.engines.rounds import run_rounds
 from pipeline.engines.spark import SparkPartitions
 from pipeline.train import train
@@ -259,9 +260,11 @@ def test_a_table_that_cut_special_tokens_after_normalization_is_recounted(spark,
         assert ("reusing the word table" in caplog.text) == (not lowercase)
 
 
-def test_a_recount_first_marks_the_run_incomplete(spark, tmp_path, monkeypatch):
-    """A rerun over a grown input recounts into RUN/words; killed during that recount, it must
-    not leave the earlier run.json (which says "complete") beside the new, partial state."""
+def test_a_recount_marks_the_run_incomplete_when_its_table_replaces_the_old(spark, tmp_path,
+                                                                           monkeypatch):
+    """A rerun over a grown input recounts into RUN/words. Killed while it counts, the earlier
+    run stays complete (its run.json beside its own table); killed once the new table has
+    replaced the old one, no run.json is left beside the new table."""
     import pipeline.train as train_module
 
     src = tmp_path / "lake"
@@ -271,15 +274,28 @@ def test_a_recount_first_marks_the_run_incomplete(spark, tmp_path, monkeypatch):
     cfg = Config(input=str(src), output=str(run), num_merges=3, min_pair_count=1,
                  progress_bar=False)
     train(spark, cfg)
-    assert (run / "run.json").exists()
+    table = (run / "words" / "word_table.json").read_bytes()
     pq.write_table(pa.table({"text": ["ef ef gh"] * 3}), src / "b.parquet")
+    real_count_words = train_module.count_words
 
-    def killed(*args, **kwargs):
+    def killed_while_counting(*args, **kwargs):
         raise KeyboardInterrupt  # as a kill during the count would end it
 
-    monkeypatch.setattr(train_module, "count_words", killed)
+    monkeypatch.setattr(train_module, "count_words", killed_while_counting)
     with pytest.raises(KeyboardInterrupt):
         train(spark, cfg)
+    assert (run / "run.json").exists()
+    assert (run / "words" / "word_table.json").read_bytes() == table
+    assert Tokenizer.load(str(run)).encode("ab cd")
+
+    def killed_after_publishing(*args, **kwargs):
+        real_count_words(*args, **kwargs)
+        raise KeyboardInterrupt  # a kill right after the new table replaced the old one
+
+    monkeypatch.setattr(train_module, "count_words", killed_after_publishing)
+    with pytest.raises(KeyboardInterrupt):
+        train(spark, cfg)
+    assert (run / "words" / "word_table.json").read_bytes() != table
     assert not (run / "run.json").exists()
 
 
