@@ -105,9 +105,9 @@ def killed_driver_line(job: str) -> str:
         "free memory unknown"
     budget = ("; or set --driver-budget-mb lower so that auto uses Spark instead (README: "
               "Sizing a run)" if job in (TRAIN, COUNT) else "")
-    return (f"error: {job} stopped in stage '{current_stage()}': its Python driver was killed "
-            f"(SIGKILL; most likely the kernel's or a container's out-of-memory killer; {had}); "
-            f"{more}{budget}; {_rerun(job)}")
+    return (f"error: {job} stopped in stage '{current_stage()}': its Python driver died without "
+            f"a word (killed: SIGKILL, exit code 137, is most likely the kernel's or a "
+            f"container's out-of-memory killer; {had}); {more}{budget}; {_rerun(job)}")
 
 
 def jvm_memory_failure(exc: BaseException, job: str = "train") -> str:

@@ -259,8 +259,7 @@ def _newer_character(text: str) -> str:
     engine each ship their own Unicode version, so such a character may be a letter to one and
     unassigned to the other, and the text around it split otherwise: those rows go to the
     reference encoder, which splits as training did."""
-    for m in _unknown_or_astral().finditer(text):
-        ch = m.group()
+    for ch in set(_unknown_or_astral().findall(text)):  # (emoji repeat: each looked up once)
         if ord(ch) < 0x10000 or unicodedata.category(ch) == "Cn":
             return ch
     return ""
@@ -285,8 +284,8 @@ class BatchEncoder:
     With the tiktoken engine, a row tiktoken cannot take (see ``TIKTOKEN_MAX_RUN``,
     ``TIKTOKEN_MAX_PIECE``; or tiktoken raises or panics on it), or may split otherwise (a
     character newer than Python's Unicode database: :func:`_newer_character`) is encoded by
-    the reference encoder instead, which gives the same ids in O(n log n) for any row. For the last row
-    :meth:`encode` saw, ``via_reference`` says why ("" when tiktoken took it all) and
+    the reference encoder instead, which gives the same ids in O(n log n) for any row. For the
+    last row :meth:`encode` saw, ``via_reference`` says why ("" when tiktoken took it all) and
     ``tiktoken_error`` what tiktoken raised, if it did."""
 
     def __init__(self, plan: EncodePlan):

@@ -106,19 +106,24 @@ class Lease:
         """Refuse when a directory enclosing ``held`` is leased by another live process (a
         lease of this process, a run taking its word table's lease, is its own)."""
         here = self.held
+        if fsutil.is_local(here):  # (a relative path: its real ancestors, not its text's)
+            here = os.path.abspath(fsutil.local_path(here))
         while True:
             parent, _ = fsutil.split_parent(here)
             if parent in (here, ".") or parent.endswith("://"):
                 return
             here = parent
             path = fsutil.join(here, NAME)
-            if not fsutil.exists(self.spark, path):
+            try:  # (a store may refuse to look outside the prefix this job may read)
+                if not fsutil.exists(self.spark, path):
+                    continue
+                holder = Lease(self.spark, here, self.timeout)._read()
+            except Exception:  # noqa: BLE001 - what cannot be looked at holds no lease of ours
                 continue
-            other = Lease(self.spark, here, self.timeout)
-            holder = other._read()
             if holder is None or (holder.get("host") == self.me["host"]
                                   and int(holder.get("pid", -1)) == self.me["pid"]):
                 continue
+            other = Lease(self.spark, here, float(holder.get("timeout", self.timeout)))
             if not other._gone(holder):
                 raise LeaseHeld(
                     f"{self.held} is inside {here}, which "

@@ -291,6 +291,16 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
         with pytest.raises(ConfigError, match=expected) as err:
             encode_corpus(spark, Config(**kwargs))
         assert "\n" not in str(err.value)
+    # a dictionary-encoded text column (a pandas Categorical) is text to Spark: encoded
+    categorical = tmp_path / "categorical"
+    categorical.mkdir()
+    pq.write_table(pa.table({"text": pa.array(["a row", "another row", "a row"]
+                                              ).dictionary_encode()}),
+                   categorical / "part-0.parquet")
+    done = encode_corpus(spark, Config(input=str(categorical), tokenizer=str(run_dir),
+                                       output=str(tmp_path / "categorical-ids")))
+    assert done.stats["stats"]["rows"] == 3
+    shutil.rmtree(tmp_path / "categorical-ids")
     assert not Path(out).exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")]  # no staging left
 

@@ -372,8 +372,9 @@ def test_out_of_memory_is_one_line_and_the_same_command_resumes(spark, corpus, t
     os.kill(python[0], signal.SIGKILL)
     assert p.wait(60) == 137, p.tail()
     last = p.last_line()
-    assert last.startswith("error: train stopped in stage 'merges': its Python driver was "
-                           "killed (SIGKILL; most likely"), p.tail()
+    assert last.startswith("error: train stopped in stage 'merges': its Python driver died "
+                           "without a word (killed: SIGKILL, exit code 137, is most likely"), \
+        p.tail()
     assert "--driver-budget-mb" in last and "rerun the same command to resume" in last
     assert "Py4JException" not in p.log()
     assert newest_checkpoint(run / "checkpoints") == 100 and not (run / "run.json").exists()

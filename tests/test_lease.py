@@ -184,6 +184,35 @@ def test_nothing_is_leased_inside_a_directory_another_run_holds(tmp_path):
         lease.acquire().release()
 
 
+def test_an_enclosing_lease_is_judged_by_its_own_timeout_and_walked_from_the_real_path(
+        tmp_path, monkeypatch):
+    """The enclosing run's lease is alive by the timeout it recorded, not by ours; a relative
+    path is walked up from where it really is; an ancestor that cannot be looked at (a store
+    that refuses outside the job's prefix) holds no lease for this check."""
+    import time
+
+    from pipeline import fsutil
+
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    (outer / NAME).write_text(json.dumps({
+        "host": "elsewhere", "pid": 1, "started": "x", "id": "other",
+        "renewed": time.time() - 200, "timeout": 1000}))  # stale by our 60 s, not by its own
+    monkeypatch.chdir(outer)
+    with pytest.raises(LeaseHeld, match=r"^checkpoints is inside \S*outer, which is in use by "
+                                        r"another run \(host elsewhere, pid 1"):
+        Lease(None, "checkpoints", 60).acquire()
+    real_exists = fsutil.exists
+
+    def refusing(spark, path):
+        if path.endswith("outer/" + NAME):
+            raise PermissionError("403 Forbidden")
+        return real_exists(spark, path)
+
+    monkeypatch.setattr(fsutil, "exists", refusing)
+    Lease(None, str(outer / "checkpoints"), 60).acquire().release()
+
+
 @pytest.mark.spark
 def test_count_and_encode_refuse_an_output_another_process_holds(spark, tmp_path):
     """Two real processes: while one holds the output of a word count or an encode job, the

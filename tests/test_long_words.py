@@ -242,11 +242,11 @@ def test_old_tiktoken_long_pieces_go_to_the_reference(run_dir: Path, monkeypatch
 
 
 def test_rows_with_a_character_newer_than_pythons_unicode_go_to_the_reference(run_dir: Path):
-    """A character Python's Unicode database does not know (U+323B0, CJK Extension H, Unicode
-    15) may be a letter to the regex package (our split, at training too) and unassigned to
-    tiktoken's regex engine, which then splits the text around it otherwise (found by the
-    fuzz test: tiktoken gave 5 ids where the reference gave 1): such rows go to the reference
-    encoder; rows of known characters, emoji included, stay with tiktoken."""
+    """A character Python's Unicode database does not know (U+323B0, a CJK ideograph of a
+    Unicode newer than 14) may be a letter to the regex package (our split, at training too)
+    and unassigned to tiktoken's regex engine, which then splits the text around it otherwise
+    (found by the fuzz test: tiktoken gave 5 ids where the reference gave 1): such rows go to
+    the reference encoder; rows of known characters, emoji included, stay with tiktoken."""
     enc = batch_encoder(run_dir)
     ref = Tokenizer.load(str(run_dir))
     for text, to_ref in (("A\U000323b0", True), ("x \U000323b0\U000323b1 y", True),

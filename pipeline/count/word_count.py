@@ -483,11 +483,10 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
 
 
 def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
-    tmp = fsutil.staging_dir(job.spark, job.cfg.output, "word_table.json")
-    in_place = tmp.rstrip("/") == job.cfg.output.rstrip("/")
-    if in_place and job.before_replacing is not None:  # the old table is overwritten as
-        job.before_replacing()  # the count writes: what depends on it goes first
-    try:
+    if fsutil.is_object_store(job.cfg.output) and job.before_replacing is not None:
+        job.before_replacing()  # the old table is emptied and written over in place there:
+    tmp = fsutil.staging_dir(job.spark, job.cfg.output, "word_table.json")  # what depends
+    try:  # on it goes first
         return _count_into(job, source, tmp)
     except BaseException:
         with contextlib.suppress(Exception):  # nothing half-written is left behind
