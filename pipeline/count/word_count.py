@@ -431,11 +431,16 @@ class _CountJob:
     check: Callable[[], None]
     before_replacing: Callable[[], None] | None = None
 
-    def check_and_prepare(self, in_place: bool) -> None:
+    @property
+    def in_place(self) -> bool:
+        """Whether the table is written over the old one (an object store: no rename)."""
+        return fsutil.is_object_store(self.cfg.output)
+
+    def check_and_prepare(self) -> None:
         """Before publishing: the lease still ours, then ``before_replacing`` (unless it ran
         before an in-place write)."""
         self.check()
-        if self.before_replacing is not None and not in_place:
+        if self.before_replacing is not None and not self.in_place:
             self.before_replacing()
 
 
@@ -483,7 +488,7 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
 
 
 def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
-    if fsutil.is_object_store(job.cfg.output) and job.before_replacing is not None:
+    if job.in_place and job.before_replacing is not None:
         job.before_replacing()  # the old table is emptied and written over in place there:
     tmp = fsutil.staging_dir(job.spark, job.cfg.output, "word_table.json")  # what depends
     try:  # on it goes first
@@ -584,9 +589,8 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
                 "unreadable_files": stats["skipped_files"]}
     meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, origin, left_out,
                            None if merged is None else table_summary(merged))
-    in_place = tmp.rstrip("/") == cfg.output.rstrip("/")
     publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT),
-                       lambda: job.check_and_prepare(in_place))
+                       job.check_and_prepare)
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
