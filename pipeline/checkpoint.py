@@ -126,7 +126,7 @@ def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | No
     return text + f"#sha256 {hashlib.sha256(text.encode()).hexdigest()}\n"
 
 
-def parse_full(text: str, base_size: int
+def parse(text: str, base_size: int
                ) -> tuple[str, dict | None, list[Merge], list[int]]:
     """(fingerprint, settings, merges, tokens removed by each); ValueError if corrupt."""
     if not text.endswith("\n"):
@@ -185,7 +185,7 @@ class Checkpointer:
         for _, path in reversed(self._files()):
             try:
                 # (any base size: only the settings are wanted, the merges are not checked)
-                return parse_full(fsutil.read_text(self.spark, path), 1 << 40)[1]
+                return parse(fsutil.read_text(self.spark, path), 1 << 40)[1]
             except (ValueError, IndexError):
                 continue
         return None
@@ -204,7 +204,7 @@ class Checkpointer:
         resumes)."""
         for _, path in reversed(self._files()):
             try:
-                fp, settings, merges, removed = parse_full(
+                fp, settings, merges, removed = parse(
                     fsutil.read_text(self.spark, path), self.base_size)
             except (ValueError, IndexError) as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)

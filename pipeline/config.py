@@ -23,7 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from pipeline.bpe import ALPHABETS
-from pipeline.fsutil import is_local, local_path
+from pipeline.fsutil import HADOOP_GLOB, PYTHON_GLOB, has_glob, is_local, local_path
 from pipeline.pretokenize import (
     NORMALIZATIONS,
     PATTERNS,
@@ -459,7 +459,7 @@ def _split_glob(path: str) -> tuple[str, str]:
     """(the directory a glob starts in, the pattern below it): ``data/*.parquet`` ->
     (``data``, ``*.parquet``), ``*.parquet`` -> (``.``, ``*.parquet``); a path without a glob
     -> (the path, '')."""
-    cut = min((path.index(c) for c in "*?[{" if c in path), default=None)
+    cut = min((path.index(c) for c in HADOOP_GLOB if c in path), default=None)
     if cut is None:
         return path, ""
     slash = path.rfind("/", 0, cut)
@@ -525,87 +525,108 @@ def check_output_place(output: str, sources: list[tuple[str, str]]) -> None:
 def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     """Check everything that can be checked without Spark. ``job``: count | train | encode.
     ``frame``: the corpus is a DataFrame (``pipeline.api``), not ``input``."""
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(msg)
-
     for f in fields(Config):
         choices = f.metadata["choices"]
         value = getattr(cfg, f.name)
-        need(not choices or value in choices,
-             f"config key '{f.name}' must be one of {choices}, not {value!r}")
-    need(all(w >= 1 for w in cfg.input_weights),
-         "config key 'input_weights': weights are integers >= 1")
-    need(not cfg.input_weights or bool(cfg.inputs),
-         "config key 'input_weights': weights apply to the --input sources (one per source), "
-         "not to --words or --input-table")
-    need(not cfg.input_weights or len(cfg.input_weights) == len(cfg.inputs),
-         f"config key 'input_weights': {len(cfg.input_weights)} weights for "
-         f"{len(cfg.inputs)} input sources")
+        _need(not choices or value in choices,
+              f"config key '{f.name}' must be one of {choices}, not {value!r}")
+    _check_sources(cfg, job, frame)
+    _check_split(cfg)
+    _check_numbers(cfg)
+    if job == TRAIN:
+        _check_merges_wanted(cfg)
+    return cfg
 
-    need(cfg.output != "", "config key 'output': set an output directory (--output DIR)")
-    if job == "count":
-        need(cfg.input != "" or cfg.input_table != "" or frame,
-             "config key 'input': give a corpus (--input PATH or --input-table NAME)")
-    if job == "train":
-        need((bool(cfg.input) or bool(cfg.input_table) or frame) != bool(cfg.words),
-             "config keys 'input' and 'words': give exactly one of --input PATH (a corpus) or "
-             "--words DIR (a word table)")
-    need(not (cfg.input and cfg.input_table),
-         "config keys 'input' and 'input_table' are both set: give only one")
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _check_sources(cfg: Config, job: str, frame: bool) -> None:
+    """The corpus (input, input_table, words, weights), the output and where they lie."""
+    _need(all(w >= 1 for w in cfg.input_weights),
+          "config key 'input_weights': weights are integers >= 1")
+    _need(not cfg.input_weights or bool(cfg.inputs),
+          "config key 'input_weights': weights apply to the --input sources (one per source), "
+          "not to --words or --input-table")
+    _need(not cfg.input_weights or len(cfg.input_weights) == len(cfg.inputs),
+          f"config key 'input_weights': {len(cfg.input_weights)} weights for "
+          f"{len(cfg.inputs)} input sources")
+    _need(cfg.output != "", "config key 'output': set an output directory (--output DIR)")
+    if job == COUNT:
+        _need(cfg.input != "" or cfg.input_table != "" or frame,
+              "config key 'input': give a corpus (--input PATH or --input-table NAME)")
+    if job == TRAIN:
+        _need((bool(cfg.input) or bool(cfg.input_table) or frame) != bool(cfg.words),
+              "config keys 'input' and 'words': give exactly one of --input PATH (a corpus) or "
+              "--words DIR (a word table)")
+    _need(not (cfg.input and cfg.input_table),
+          "config keys 'input' and 'input_table' are both set: give only one")
     for source in cfg.inputs:
-        if is_local(source) and not any(c in source for c in "*?[{"):
-            need(os.path.exists(local_path(source)),
-                 f"config key 'input': path does not exist: {source}")
+        if is_local(source) and not has_glob(source):
+            _need(os.path.exists(local_path(source)),
+                  f"config key 'input': path does not exist: {source}")
     if job == TRAIN and cfg.report_sample and is_local(cfg.report_sample) \
-            and not any(c in cfg.report_sample for c in "*?[{"):
-        need(os.path.exists(local_path(cfg.report_sample)),
-             f"config key 'report_sample': path does not exist: {cfg.report_sample}")
-    if cfg.words and is_local(cfg.words) and not any(c in cfg.words for c in "*?["):
-        need(os.path.exists(local_path(cfg.words)),
-             f"config key 'words': no word table at {cfg.words}")
-    need(not cfg.input or bool(cfg.inputs), f"config key 'input': no path in {cfg.input!r}")
+            and not has_glob(cfg.report_sample):
+        _need(os.path.exists(local_path(cfg.report_sample)),
+              f"config key 'report_sample': path does not exist: {cfg.report_sample}")
+    if cfg.words and is_local(cfg.words) and not has_glob(cfg.words, PYTHON_GLOB):
+        _need(os.path.exists(local_path(cfg.words)),
+              f"config key 'words': no word table at {cfg.words}")
+    _need(not cfg.input or bool(cfg.inputs), f"config key 'input': no path in {cfg.input!r}")
     check_output_place(cfg.output, [("input", p) for p in cfg.inputs])
-    need(not cfg.words or same_or_inside(cfg.output, cfg.words) is None,
-         f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "
-         "outside it")  # (RUN/words as --words of RUN is fine: it is read before it is written)
-    need(cfg.text_column != "", "config key 'text_column' is empty")
-    need(cfg.pattern != "", "config key 'pattern' is empty (pattern = 'none' makes each row one "
-         "word)")
+    _need(not cfg.words or same_or_inside(cfg.output, cfg.words) is None,
+          f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "
+          "outside it")  # (RUN/words as --words of RUN is fine: it is read before it is written)
+
+
+def _check_split(cfg: Config) -> None:
+    """How text is cut into words: text column, pattern, alphabet, special tokens."""
+    _need(cfg.text_column != "", "config key 'text_column' is empty")
+    _need(cfg.pattern != "", "config key 'pattern' is empty (pattern = 'none' makes each row "
+          "one word)")
     try:
         check_pattern(cfg.pattern)
     except PatternError as exc:
         raise ConfigError(f"config key 'pattern': {exc}") from None
-    need(not cfg.end_of_word_suffix or cfg.alphabet == "chars",
-         "config key 'end_of_word_suffix' needs alphabet = 'chars'")
-    need(len(set(cfg.special_tokens)) == len(cfg.special_tokens),
-         "config key 'special_tokens' has duplicates")
-    need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
+    _need(not cfg.end_of_word_suffix or cfg.alphabet == "chars",
+          "config key 'end_of_word_suffix' needs alphabet = 'chars'")
+    _need(len(set(cfg.special_tokens)) == len(cfg.special_tokens),
+          "config key 'special_tokens' has duplicates")
+    _need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
     _check_special_tokens(cfg)
-    need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
-    need(cfg.max_token_bytes == 0 or cfg.max_token_bytes >= 2, "config key 'max_token_bytes' "
-         "must be 0 (no limit) or >= 2 (a merge makes a token of 2 bytes or more)")
-    need(cfg.shuffle_partitions >= 0, "config key 'shuffle_partitions' must be >= 0 (0 = Spark's "
-         "setting)")
-    need(cfg.report_sample_rows >= 0, "config key 'report_sample_rows' must be >= 0")
-    need(cfg.max_word_bytes >= 0, "config key 'max_word_bytes' must be >= 0 (0 = no cap)")
-    need(cfg.max_batch >= 1, "config key 'max_batch' must be >= 1")
-    need(cfg.driver_budget_mb >= 0, "config key 'driver_budget_mb' must be >= 0 (0 = derived "
-         "from the memory the driver has)")
-    need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
-    need(cfg.checkpoint_every_merges >= 1, "config key 'checkpoint_every_merges' must be >= 1")
+
+
+def _check_numbers(cfg: Config) -> None:
+    """The numeric keys' ranges."""
+    _need(cfg.min_pair_count >= 1, "config key 'min_pair_count' must be >= 1")
+    _need(cfg.max_token_bytes == 0 or cfg.max_token_bytes >= 2, "config key 'max_token_bytes' "
+          "must be 0 (no limit) or >= 2 (a merge makes a token of 2 bytes or more)")
+    _need(cfg.shuffle_partitions >= 0, "config key 'shuffle_partitions' must be >= 0 (0 = "
+          "Spark's setting)")
+    _need(cfg.report_sample_rows >= 0, "config key 'report_sample_rows' must be >= 0")
+    _need(cfg.max_word_bytes >= 0, "config key 'max_word_bytes' must be >= 0 (0 = no cap)")
+    _need(cfg.max_batch >= 1, "config key 'max_batch' must be >= 1")
+    _need(cfg.driver_budget_mb >= 0, "config key 'driver_budget_mb' must be >= 0 (0 = derived "
+          "from the memory the driver has)")
+    _need(cfg.num_partitions >= 0, "config key 'num_partitions' must be >= 0")
+    _need(cfg.checkpoint_every_merges >= 1,
+          "config key 'checkpoint_every_merges' must be >= 1")
     for key in ("checkpoint_every_seconds", "lease_timeout_seconds", "heartbeat_seconds"):
-        need(0 < getattr(cfg, key) < math.inf, f"config key '{key}' must be a number > 0")
-    if job == "train":
-        need(cfg.vocab_size >= 0, "config key 'vocab_size' must be > 0")
-        need(cfg.num_merges >= 0, "config key 'num_merges' must be >= 0")
-        need(cfg.vocab_size > 0 or cfg.num_merges > 0,
-             "config key 'vocab_size': set --vocab-size N or --num-merges N")
-        need(not (cfg.vocab_size and cfg.num_merges),
-             "config keys 'vocab_size' and 'num_merges' are both set: give only one")
-        if cfg.vocab_size and cfg.alphabet == "bytes":
-            floor = 256 + len(cfg.special_tokens)
-            need(cfg.vocab_size > floor,
-                 f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: it must be more "
-                 f"than 256 bytes + {len(cfg.special_tokens)} special tokens = {floor}")
-    return cfg
+        _need(0 < getattr(cfg, key) < math.inf, f"config key '{key}' must be a number > 0")
+
+
+def _check_merges_wanted(cfg: Config) -> None:
+    """train: exactly one of vocab_size and num_merges, and one that leaves merges to make."""
+    _need(cfg.vocab_size >= 0, "config key 'vocab_size' must be >= 0 (0 = use num_merges)")
+    _need(cfg.num_merges >= 0, "config key 'num_merges' must be >= 0 (0 = use vocab_size)")
+    _need(cfg.vocab_size > 0 or cfg.num_merges > 0,
+          "config key 'vocab_size': set --vocab-size N or --num-merges N")
+    _need(not (cfg.vocab_size and cfg.num_merges),
+          "config keys 'vocab_size' and 'num_merges' are both set: give only one")
+    if cfg.vocab_size and cfg.alphabet == "bytes":
+        floor = 256 + len(cfg.special_tokens)
+        _need(cfg.vocab_size > floor,
+              f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: it must be more "
+              f"than 256 bytes + {len(cfg.special_tokens)} special tokens = {floor}")

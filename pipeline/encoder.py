@@ -105,14 +105,12 @@ def merge_scan(symbols: Sequence[int], pair_ranks: PairRanks) -> list[int]:
     return toks
 
 
-def merge_heap(symbols: Sequence[int], pair_ranks: PairRanks,
-               applied: list[int] | None = None) -> list[int]:
+def merge_heap(symbols: Sequence[int], pair_ranks: PairRanks) -> list[int]:
     """:func:`bpe_encode` in O(n log n) for any table: a heap of candidate pairs keyed
     (rank, position) over linked positions pops the lowest rank, leftmost first, as the scan
     picks it (positions keep their text order). A popped entry whose pair no longer stands at
     its position is stale and skipped; if it matches again, that pair does stand there now
-    under the same key, so applying it is what the scan would do. ``applied``, if given,
-    receives the rank of every merge made, in order (the report counts them)."""
+    under the same key, so applying it is what the scan would do."""
     n = len(symbols)
     toks = list(symbols)
     nxt = list(range(1, n + 1))
@@ -129,8 +127,6 @@ def merge_heap(symbols: Sequence[int], pair_ranks: PairRanks,
         j = nxt[i]
         if not alive[i] or j >= n or toks[i] != a or toks[j] != b:
             continue  # stale: one side was merged away since this pair was pushed
-        if applied is not None:
-            applied.append(rank)
         toks[i] = new
         alive[j] = False
         k = nxt[j]

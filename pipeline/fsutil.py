@@ -41,6 +41,15 @@ def scheme(path: str) -> str:
     return m.group(1).lower() if m else ""
 
 
+HADOOP_GLOB = "*?[{"  # what makes a path a glob to Spark's readers (Hadoop globs)
+PYTHON_GLOB = "*?["  # ... and to Python's glob module (no braces)
+
+
+def has_glob(path: str, chars: str = HADOOP_GLOB) -> bool:
+    """Whether ``path`` is a glob pattern (for Spark's readers; ``PYTHON_GLOB`` for ours)."""
+    return any(c in path for c in chars)
+
+
 def is_local(path: str) -> bool:
     return scheme(path) in ("", "file")
 

@@ -39,14 +39,14 @@ def local_engine_bytes(symbols: int) -> int:
     return DRIVER_BASE_BYTES + LOCAL_BYTES_PER_SYMBOL * int(symbols)
 
 
-def parse_size(text: str | None, default_unit: str = "m") -> int | None:
+def parse_size(text: str | None) -> int | None:
     """Spark's memory strings (``512m``, ``2g``, ``1536``: MiB by default) in bytes."""
     if not text:
         return None
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*", text.lower())
     if not m:
         return None
-    unit = m.group(2) or default_unit
+    unit = m.group(2) or "m"
     return int(float(m.group(1)) * 1024 ** " kmgtp".index(unit))
 
 

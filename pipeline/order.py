@@ -37,7 +37,10 @@ def priority(count: int, position: int) -> tuple[int, int]:
 
 
 def heap_entry(count: int, position: int, ident: int) -> tuple[int, int, int]:
-    """A heap entry for a pair (``ident``: its id or key); heapq pops the winner first."""
+    """A heap entry for a pair (``ident``: its id or key); heapq pops the winner first.
+
+    Its first two fields are :func:`priority` (spelled out here: the engines push one per
+    count change); the local engine's hot loop reads them inline."""
     return (-count, position, ident)
 
 

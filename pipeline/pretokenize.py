@@ -2,7 +2,8 @@
 
 A *word* is one match of the split pattern in a chunk of text between special tokens. Special
 tokens are cut out first, so no word ever spans one. The same functions run on the Spark
-executors (inside ``mapInArrow``) and in the single-process reference used by the tests.
+executors, in the count tasks (``count/word_count.py``), and in the encoder. The tests define
+the word table independently (``tests/naive_count.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 import regex
-
-from pipeline.order import FirstSeenLayout
 
 # The exact split patterns tiktoken uses for these encodings.
 PATTERNS: dict[str, str] = {
@@ -406,51 +405,3 @@ except ImportError:  # pragma: no cover
     def _count_elements(mapping: dict[str, int], iterable: Iterable[str]) -> None:
         for k, v in Counter(iterable).items():
             mapping[k] = mapping.get(k, 0) + v
-
-
-@dataclass(frozen=True)
-class WordRecord:
-    word: bytes
-    count: int
-    first_key: tuple[int, int, int]  # (file index, row, rank in row)
-
-
-def count_files(
-    pretokenizer: Pretokenizer, files: Iterable[tuple[int, Iterable[str | bytes | None]]],
-    max_word_bytes: int = 0,
-) -> tuple[list[tuple[bytes, int, int]], RowStats]:
-    """Single-process reference word count: ``files`` yields (file_index, rows) in corpus order.
-
-    Returns the word table as (word, count, first_seen) sorted by first_seen, and the row
-    statistics. first_seen packs (file, row, rank in row) with :class:`FirstSeenLayout` (or is
-    the dense rank of the first occurrence when that does not fit in 63 bits), exactly as the
-    Spark stage does.
-    """
-    merged: dict[bytes, list] = {}
-    total = RowStats()
-    n_files = max_row = max_rank = 0
-    for file_index, rows in files:
-        n_files = max(n_files, file_index + 1)
-        wc = WordCounter(pretokenizer, file_index, max_word_bytes=max_word_bytes)
-        for r, value in enumerate(rows):
-            wc.add_row(r, value)
-        max_row, max_rank = max(max_row, wc.max_row), max(max_rank, wc.max_rank)
-        for rec in records_of(wc):
-            cur = merged.get(rec.word)
-            if cur is None:
-                merged[rec.word] = [rec.count, rec.first_key]
-            else:
-                cur[0] += rec.count
-                cur[1] = min(cur[1], rec.first_key)
-        for k, v in wc.stats.as_dict().items():
-            setattr(total, k, getattr(total, k) + v)
-    ordered = sorted(merged.items(), key=lambda kv: kv[1][1])
-    layout = FirstSeenLayout.fit(n_files, max_row, max_rank)
-    if layout is None:
-        return [(w, c, i) for i, (w, (c, _)) in enumerate(ordered)], total
-    return [(w, c, layout.pack(*k)) for w, (c, k) in ordered], total
-
-
-def records_of(wc: WordCounter) -> Iterator[WordRecord]:
-    for (w, c), f, r, k in zip(wc.counts.items(), wc.first_file, wc.first_row, wc.first_rank):
-        yield WordRecord(word_bytes(w), c, (f, r, k))

@@ -364,13 +364,13 @@ table{font-size:12px}.chart text{font-size:18px}.example{font-size:12px}}
 
 def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_bytes: int,
                   corpus_tokens: int, sample: SampleStats | None, title: str = "spark-bpe run",
-                  notes: Sequence[str] = (), extra: Sequence[tuple[str, str]] = ()) -> str:
+                  notes: Sequence[str] = ()) -> str:
     """The whole page as a string (pure Python: the tests render it without Spark)."""
     e = html.escape
     body = [f"<h1>{e(title)}</h1>",
             f'<p class="sub">Byte-pair encoding run report · {time.strftime("%Y-%m-%d %H:%M")}'
             "</p>",
-            *_summary_section(tok, tokens_left, corpus_bytes, corpus_tokens, sample, extra),
+            *_summary_section(tok, tokens_left, corpus_bytes, corpus_tokens, sample),
             *(f'<p class="note">{e(n)}</p>' for n in notes),
             *_trace_section(tok, tokens_left),
             *_compression_section(tokens_left, corpus_bytes, corpus_tokens, sample),
@@ -383,8 +383,7 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
 
 
 def _summary_section(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_bytes: int,
-                     corpus_tokens: int, sample: SampleStats | None,
-                     extra: Sequence[tuple[str, str]]) -> list[str]:
+                     corpus_tokens: int, sample: SampleStats | None) -> list[str]:
     e = html.escape
     final_tokens = tokens_left[-1] if tokens_left else corpus_tokens
     train_bpt = corpus_bytes / final_tokens if final_tokens else float("nan")
@@ -403,7 +402,6 @@ def _summary_section(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_b
         summary.append((f"bytes per token ({'held-out ' if sample.held_out else ''}sample)",
                         f"{sample.curve[-1][1]:.3f} on {sample.rows:,} rows, "
                         f"{sample.bytes:,} bytes"))
-    summary += list(extra)
     return ['<table class="kv">' + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>"
                                            for k, v in summary) + "</table>"]
 
@@ -521,7 +519,7 @@ def check_report_sample(cfg) -> None:
 
     path = cfg.report_sample
     if (not path or cfg.report_sample_rows <= 0 or not fsutil.is_local(path)
-            or any(c in path for c in "*?[{")):
+            or fsutil.has_glob(path)):
         return  # (not used, or not local: the report says so if it cannot read it)
     why = ""
     try:
@@ -600,26 +598,14 @@ def _first_rows(path: str, column: str, n: int) -> list:
     return rows
 
 
-def write_report(spark, cfg, tok: TrainedTokenizer, tokens_left: Sequence[int], words,
-                 corpus_tokens: int | None = None) -> str:
+def write_report(spark, cfg, tok: TrainedTokenizer, tokens_left: Sequence[int],
+                 corpus_bytes: int, corpus_tokens: int) -> str:
     """Write ``report.html`` into the run directory (``cfg.output``); returns its path.
 
-    ``words``: the word table DataFrame the run was trained on; ``corpus_tokens``: its tokens
-    before the first merge, if known (``tokens_left`` continues from it). For a bytes-alphabet
-    run that is also its byte count and no Spark job is needed; otherwise the totals are summed
-    from ``words``. The sample comes from ``cfg.report_sample`` (held out) or ``cfg.input``; if
+    ``corpus_bytes``, ``corpus_tokens``: the training corpus's bytes in words and its tokens
+    before the first merge (``tokens_left`` continues from it), as ``train`` summed them from
+    the word table. The sample comes from ``cfg.report_sample`` (held out) or ``cfg.input``; if
     it cannot be read the report says so and is written without it."""
-    from pyspark.sql import functions as F
-
-    if corpus_tokens is not None and tok.base.alphabet == "bytes":
-        corpus_bytes = corpus_tokens
-    else:
-        char_len = F.length(F.col("word").cast("string"))
-        n_sym = F.length("word") if tok.base.alphabet == "bytes" else (
-            char_len + int(bool(tok.base.end_of_word_suffix)))
-        row = words.select(F.sum(F.length("word") * F.col("count")),
-                           F.sum(n_sym * F.col("count"))).first()
-        corpus_bytes, corpus_tokens = int(row[0] or 0), int(row[1] or 0)
     notes = list(export_notes(tok))
     sample = None
     try:

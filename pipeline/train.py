@@ -46,8 +46,10 @@ from pipeline.count.word_table import (
     legacy_digest,
     open_word_table,
     read_word_table,
+    setting_changes,
     source_changes,
     spark_table_summary,
+    split_settings,
 )
 from pipeline.engines.local import LocalTrainer, initial_symbols
 from pipeline.engines.rounds import RoundStats, run_rounds
@@ -123,8 +125,8 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
         wt = _reusable_table(spark, own)  # (None when damaged: counted again)
     if wt is not None:
         changed_input = source_changes(wt.meta, cfg)
-        changed_split = [f"{k} {v!r} then, {getattr(cfg, k)!r} now"
-                         for k, v in _table_settings(wt).items() if getattr(cfg, k) != v]
+        made_with = split_settings(wt.meta)
+        changed_split = setting_changes(made_with, {k: getattr(cfg, k) for k in made_with})
         if changed_input or changed_split:
             log.info("recounting: the word table at %s was counted with another %s (%s)", own,
                      "input" if changed_input else "split",
@@ -184,25 +186,19 @@ def _refuse_other_settings(spark: SparkSession, cfg: Config, max_word_bytes: int
     then = Checkpointer(spark, ckdir, "", 0).newest_settings()
     if not then:
         return
-    was = {**(then.get("pretokenizer") or {}), "max_word_bytes": then.get("max_word_bytes", 0)}
     now = {**cfg.pretokenizer_spec().as_meta(), "max_word_bytes": max_word_bytes}
-    differ = [k for k in now if was.get(k) != now[k]]
+    differ = setting_changes(split_settings(then), now)
     if not differ:
         return
-    said = ", ".join(f"{k} {was.get(k)!r} then, {now[k]!r} now" for k in differ)
+    said = ", ".join(differ)
     raise ConfigError(
         f"{cfg.output} was trained with other split settings ({said}): its checkpoints in "
         f"{ckdir} do not fit this run. Use another --output, or start fresh with "
         "--resume never (resume='never' in pipeline.api; deletes these checkpoints)")
 
 
-def _table_settings(wt: WordTable) -> dict:
-    """The config keys a word table was made with."""
-    return {**wt.meta["pretokenizer"], "max_word_bytes": wt.meta.get("max_word_bytes", 0)}
-
-
 def _adopt_table_settings(cfg: Config, wt: WordTable) -> None:
-    for key, value in _table_settings(wt).items():
+    for key, value in split_settings(wt.meta).items():
         if getattr(cfg, key) != value:
             if key == "max_word_bytes" and wt.meta.get("external"):  # nothing to warn about
                 log.info("an external word table: its words are used as given (no "
@@ -254,19 +250,22 @@ def _load_local(spark: SparkSession, wt: WordTable, base: BaseVocab
 
 
 def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVocab
-                   ) -> tuple[int, int, str]:
-    """(corpus tokens, distinct-word symbols, content digest of the word table): from its
-    word_table.json when the table was in memory when written (bytes alphabet), else in Spark
-    jobs."""
+                   ) -> tuple[int, int, int, str]:
+    """(corpus tokens, distinct-word symbols, corpus bytes, content digest of the word table):
+    from its word_table.json when the table was in memory when written (bytes alphabet), else
+    in Spark jobs. A word's symbols are its bytes, or its characters plus the end-of-word
+    suffix."""
     if base.alphabet == "bytes" and all(k in wt.meta for k in ("digest", "byte_tokens",
                                                                 "byte_symbols")):
-        return wt.meta["byte_tokens"], wt.meta["byte_symbols"], wt.meta["digest"]
+        meta = wt.meta
+        return meta["byte_tokens"], meta["byte_symbols"], meta["byte_tokens"], meta["digest"]
     summary = spark_table_summary(words())  # one pass: digest and byte sums
+    corpus_bytes = summary["byte_tokens"]
     if base.alphabet == "bytes":
-        return summary["byte_tokens"], summary["byte_symbols"], summary["digest"]
+        return corpus_bytes, summary["byte_symbols"], corpus_bytes, summary["digest"]
     word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
     row = words().select(F.sum(word_len * F.col("count")), F.sum(word_len)).first()
-    return int(row[0] or 0), int(row[1] or 0), summary["digest"]
+    return int(row[0] or 0), int(row[1] or 0), corpus_bytes, summary["digest"]
 
 
 def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
@@ -315,6 +314,7 @@ class Prepared:
     base: BaseVocab
     target: int  # merges wanted
     total_tokens: int  # corpus tokens before merging
+    corpus_bytes: int  # UTF-8 bytes of the corpus's words (= total_tokens for bytes)
     symbols: int  # symbols of the distinct words
     fingerprint: str
     checkpointer: Checkpointer
@@ -349,7 +349,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
             f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: the base vocabulary "
             f"has {base.size} symbols and there are {len(cfg.special_tokens)} special tokens"
         )
-    total_tokens, symbols, digest = _table_summary(wt, words, base)
+    total_tokens, symbols, corpus_bytes, digest = _table_summary(wt, words, base)
     settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
     fp = fingerprint_of(settings)
     ckpt = Checkpointer(spark, cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints"),
@@ -357,7 +357,8 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
     budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
     engine, why = choose_engine(cfg.engine, symbols, budget)
     prep = Prepared(cfg=cfg, table=wt, words=words, base=base, target=target,
-                    total_tokens=total_tokens, symbols=symbols, fingerprint=fp,
+                    total_tokens=total_tokens, corpus_bytes=corpus_bytes, symbols=symbols,
+                    fingerprint=fp,
                     checkpointer=ckpt, prior=[], prior_removed=[], engine=engine,
                     engine_decision=why, budget=budget, stages=stages)
     guard()  # (the count may have taken long: the directory may be another run's by now)
@@ -483,8 +484,9 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
             stop_when=lambda tok: cfg.engine == "auto" and fits_driver(tok, prep.budget),
             on_round=lambda new, removed, _: mlog.extend(new, removed),
         )
-        log.info("spark rounds: %d rounds, %d merges in %.1f s", res.stats.rounds,
-                 len(res.merges), time.time() - t0)
+        log.info("spark rounds: %d rounds, %d merges in %.1f s; %d partition states built "
+                 "for %d partitions", res.stats.rounds, len(res.merges), time.time() - t0,
+                 parts.states_built, len(parts.parts))
         rest = parts.collect() if not res.finished and mlog.wanted > 0 else None
     finally:
         parts.close()
@@ -525,8 +527,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     t_report = time.time()
     with progress.stage("report"):
         faults.at("report")  # tests: heartbeats while the report is made
-        write_report(spark, cfg, tok, tokens_left,
-                     prep.words() if base.alphabet != "bytes" else None, prep.total_tokens)
+        write_report(spark, cfg, tok, tokens_left, prep.corpus_bytes, prep.total_tokens)
     stages["report"] = round(time.time() - t_report, 3)
     stats = _run_stats(prep, out, tokens_left)
     stages["outputs"] = round(time.time() - t_out, 3)

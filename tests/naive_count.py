@@ -1,6 +1,6 @@
 """A naive word counter: the definition of the word table, written for the tests from the
 documented semantics without any of the pipeline's counting code (no ``Pretokenizer``,
-``WordCounter``, ``FirstSeenLayout`` or ``count_files``). Only the split patterns' strings are
+``WordCounter`` or ``FirstSeenLayout``). Only the split patterns' strings are
 taken from ``pipeline.pretokenize.PATTERNS`` (test_pretokenize holds them equal to tiktoken's).
 
 Files in the order given (the caller sorts them by path), rows in order. A row that is null or

@@ -145,6 +145,38 @@ def test_a_truncated_json_file_is_named_as_json(spark, tmp_path):
 
 
 @pytest.mark.spark
+def test_json_lines_lose_no_row_silently(spark, tmp_path):
+    """A plain .json file cut off mid-record is an error naming it (Spark would read the cut
+    line as a null row), with or without --ignore-corrupt-files; a row longer than Jackson's
+    default 20 M characters is read whole, and its word left out and counted (Spark would
+    read it as a null row too)."""
+    rows = normal_rows()
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "a.json").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows[:5])
+                                + '{"text": "cut off mid')
+    for skip in (False, True):
+        cfg = Config(input=str(cut), input_format="json", output=str(tmp_path / f"w{skip}"),
+                     ignore_corrupt_files=skip)
+        with pytest.raises(ConfigError, match=r"a\.json is not a readable JSON lines file "
+                                              r"\(a malformed record.*\); fix or remove it"):
+            count_words(spark, cfg)
+        assert not (tmp_path / f"w{skip}").exists()
+    long = tmp_path / "long"
+    long.mkdir()
+    big = [*rows[:25], "a" * 25_000_000, *rows[25:]]
+    (long / "a.json").write_text("".join(json.dumps({"text": r}) + "\n" for r in big))
+    wt = count_words(spark, Config(input=str(long), input_format="json",
+                                   output=str(tmp_path / "words")))
+    stats = json.loads((tmp_path / "words" / "stats.json").read_text())
+    assert stats["rows"] == 51 and stats["null_rows"] == 0, stats
+    left = wt.meta["left_out"]
+    assert (left["long_words"], left["long_word_bytes"], left["rows_with_long_words"]) == \
+        (1, 25_000_000, 1)
+    assert_word_table(tmp_path / "words", naive_count([big], max_word_bytes=1024))
+
+
+@pytest.mark.spark
 def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_path):
     """The input Spark lists (nested lang=xx folders, a glob) is read by pyarrow too: a
     truncated shard there is one line naming it, or skipped with ignore_corrupt_files; a

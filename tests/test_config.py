@@ -263,7 +263,7 @@ def test_a_float_or_boolean_for_an_integer_key_is_refused_not_truncated(tmp_path
 
 @pytest.mark.parametrize("argv,message", [
     (["--num-merges", "-5"], "config key 'num_merges' must be >= 0"),
-    (["--vocab-size", "-5"], "config key 'vocab_size' must be > 0"),
+    (["--vocab-size", "-5"], "config key 'vocab_size' must be >= 0"),
     (["--input", " , ", "--output", "o", "--vocab-size", "300"], "config key 'input': no path"),
     (["--pattern", ""], "config key 'pattern' is empty"),
     (["--max-token-bytes", "1"], "config key 'max_token_bytes' must be 0 (no limit) or >= 2"),

@@ -27,9 +27,10 @@ from pipeline.outputs import (
     write_exports,
     write_run_json,
 )
-from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, count_files
+from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec
 
 from .conftest import EN_DOCS, MULTILINGUAL, SAMPLE, need_corpus, need_module
+from .naive_count import naive_count
 
 tiktoken = need_module("tiktoken")
 hf_tokenizers = need_module("tokenizers")
@@ -45,8 +46,7 @@ def train_in_memory(texts: list[str], run_dir: Path, pattern: str = "cl100k",
                     lowercase: bool = False, normalization: str = "none",
                     alphabet: str = "bytes", min_pair_count: int = 2) -> TrainedTokenizer:
     """Train on ``texts`` (one file, in order) and write the run's exports to ``run_dir``."""
-    spec = PretokenizerSpec(pattern, specials, lowercase, normalization)
-    table, _ = count_files(Pretokenizer(spec), [(0, texts)])
+    table = naive_count([texts], pattern, specials, lowercase, normalization).rows()
     ids, base = initial_words([w for w, _, _ in table], alphabet)
     counts = [c for _, c, _ in table]
     trainer = LocalTrainer.from_words(ids, counts, base.tokens)

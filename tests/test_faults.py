@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.bpe import Merge
-from pipeline.checkpoint import Checkpointer, fingerprint_of, parse_full, render
+from pipeline.checkpoint import Checkpointer, fingerprint_of, parse, render
 from pipeline.config import ConfigError
 
 from .sparkjobs import (
@@ -87,7 +87,7 @@ def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, c
     text = (tmp_path / "merges-000000040.txt").read_text()
     assert text.startswith("#spark-bpe merges checkpoint v2\n#fingerprint ")
     assert text.splitlines()[-1].startswith("#sha256 ")
-    got_fp, _, got_merges, got_removed = parse_full(text, 256)
+    got_fp, _, got_merges, got_removed = parse(text, 256)
     assert (got_fp, got_merges, got_removed) == (fp, _merges(40), list(range(40)))
     assert render(_merges(40), list(range(40)), fp, settings) == text
     assert not list(tmp_path.glob(".tmp-*"))  # written beside, then renamed
@@ -597,6 +597,36 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_ctrl_c_while_counting_is_exit_130_and_publishes_nothing(spark, corpus, tmp_path, procs):
+    """Ctrl-C on a plain ``python jobs/train.py`` (SIGINT to its process group: the Python
+    driver and its JVM) while the count's tasks run: exit 130, the documented last line, no
+    process left, no word table or run.json published, the lease released; the same command
+    then counts and trains to the reference's merges."""
+    ref = reference_run(spark, corpus, VOCAB)
+    run = tmp_path / "run"
+    cmd = [sys.executable, TRAIN, "--master", "local[2]", "--no-progress-bar", "--input",
+           str(corpus), "--output", str(run), "--vocab-size", str(VOCAB)]
+    p = ProcGroup(cmd, tmp_path, "interrupted", env=job_env(SPARK_BPE_INJECT="count_task=pause:60"))
+    procs.append(p)
+    p.wait_until(lambda: "count: " in p.log(), 120, "the count's tasks")
+    os.killpg(p.pgid, signal.SIGINT)
+    assert p.wait(60) == 130, p.tail()
+    assert p.err().strip().splitlines()[-1] == \
+        "error: train interrupted; rerun the same command to resume", p.tail()
+    deadline = time.time() + 20
+    while p.members() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not p.members(), f"left running: {p.members()}"
+    assert not (run / "words" / "word_table.json").exists() and not (run / "run.json").exists()
+    assert not (run / ".lease.json").exists() and not (run / "words" / ".lease.json").exists()
+    p = ProcGroup(cmd, tmp_path, "rerun", env=job_env())
+    procs.append(p)
+    assert p.wait(300) == 0, p.tail()
+    assert merges_txt(run) == merges_txt(ref)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_path, procs,
                                                             request):
     vocab = 257 + 120
@@ -617,6 +647,9 @@ def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_p
     assert p.wait(300) == 0, p.tail()
     assert killed_at < vocab - 257 - 20, "the run was nearly over when the executor died"
     assert re.search(r"Lost executor \d+ on 127\.0\.0\.1", p.log())
+    # the dead executor's partition states were built again (4 at the start, then more)
+    built = re.search(r"(\d+) partition states built for (\d+) partitions", p.log())
+    assert built and int(built[2]) == 4 and int(built[1]) > 4, p.tail()
     assert merges_txt(run) == merges_txt(ref)
 
 

@@ -33,6 +33,9 @@ def test_the_rule():
     heap = [heap_entry(2, 5, 7), heap_entry(1, 0, 8), heap_entry(2, 4, 9)]
     heapq.heapify(heap)
     assert unpack_entry(heapq.heappop(heap)) == (2, 4, 9)
+    # a heap entry orders as its priority does: the rule is priority, the entry only carries it
+    for count, position in [(3, 10), (2, 0), (2, 4), (1, NO_POSITION)]:
+        assert heap_entry(count, position, 0)[:2] == priority(count, position)
 
 
 def test_overlapping_occurrences_merge_left_to_right():

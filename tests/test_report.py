@@ -22,7 +22,7 @@ from pipeline.bpe import bytes_vocab
 from pipeline.config import Config
 from pipeline.encoder import LONG_WORD, SHORT_WORD, Tokenizer
 from pipeline.engines.local import LocalTrainer
-from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, count_files
+from pipeline.pretokenize import PretokenizerSpec
 from pipeline.report import (
     LONG_TOKEN,
     TRACE_ROWS,
@@ -34,6 +34,7 @@ from pipeline.report import (
 )
 
 from .conftest import MULTILINGUAL, REPO, need
+from .naive_count import naive_count
 from .test_exports import EOT, rows_of, train_in_memory
 
 
@@ -52,8 +53,7 @@ def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
     texts = rows_of(MULTILINGUAL, "part-00000.parquet", 300_000)
     tok = train_in_memory(texts, d, "cl100k", 1500, (EOT,))
-    pre = Pretokenizer(PretokenizerSpec("cl100k", (EOT,)))
-    table, _ = count_files(pre, [(0, texts)])
+    table = naive_count([texts], "cl100k", (EOT,)).rows()
     total = sum(len(w) * c for w, c, _ in table)
     held = rows_of(MULTILINGUAL, "part-00002.parquet", 40_000)
     return tok, texts, held, total, d
@@ -149,14 +149,13 @@ def test_write_report_through_spark(spark, trained, tmp_path):
     tok, texts, held, total, d = trained
     (tmp_path / "held").mkdir()
     pq.write_table(pa.table({"text": held}), tmp_path / "held" / "a.parquet")
-    words = spark.createDataFrame([(b"ab", 3), (b"c", 2)], "word binary, count long")
     cfg = Config(output=str(tmp_path / "run"), report_sample=str(tmp_path / "held"),
                  report_sample_rows=50)
-    path = write_report(spark, cfg, tok, [7] * len(tok.merges), words)
+    path = write_report(spark, cfg, tok, [7] * len(tok.merges), 8, 8)
     page = Path(path).read_text()
     assert "8 bytes in words" in page and "held out in" in page and "held-out sample" in page
     cfg = Config(output=str(tmp_path / "run2"), input=str(tmp_path / "nope"))
-    page = Path(write_report(spark, cfg, tok, [7] * len(tok.merges), words)).read_text()
+    page = Path(write_report(spark, cfg, tok, [7] * len(tok.merges), 8, 8)).read_text()
     assert "no sample in this report" in page  # an unreadable sample does not fail the run
 
 

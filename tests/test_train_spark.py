@@ -187,6 +187,10 @@ def test_seed_examples_through_the_pipeline(spark, tmp_path):
     assert [(x[1], x[2], x[4], x[5]) for x in rows] == [
         ("a", "k", "4", "46"), ("ak", "e", "4", "42"), (" ", "c", "3", "39"),
         (" ", "b", "3", "36"), (" b", "ake", "3", "33")]
+    # its report counts the corpus in UTF-8 bytes and in symbols (characters) apart
+    text = "the café baker bakes cakes, the café bakes soufflé"
+    page = (tmp_path / "run2" / "report.html").read_text(encoding="utf-8")
+    assert f"{len(text.encode()):,} bytes in words; {len(text):,} → 33 tokens" in page
 
 
 def test_job_config_errors_are_one_line_and_write_nothing(tmp_path):
@@ -402,7 +406,7 @@ def test_checkpoints_of_an_older_digest_are_resumed_when_the_table_is_the_same(s
     """A run made before the word-table digest changed (its checkpoints and run.json record
     the older ``c...`` digest): the same command resumes from its checkpoint (the table's older
     digest is computed and matches) instead of refusing it as another corpus's."""
-    from pipeline.checkpoint import fingerprint_of, parse_full, render
+    from pipeline.checkpoint import fingerprint_of, parse, render
     from pipeline.count.word_table import legacy_digest
 
     caplog.set_level(logging.INFO, logger="pipeline.checkpoint")
@@ -413,7 +417,7 @@ def test_checkpoints_of_an_older_digest_are_resumed_when_the_table_is_the_same(s
     table = pq.read_table(run / "words" / "data")
     old_fp = None
     for path in sorted((run / "checkpoints").glob("merges-*.txt")):  # as the older code wrote
-        _, settings, merges, removed = parse_full(path.read_text(), 256)
+        _, settings, merges, removed = parse(path.read_text(), 256)
         settings["word_table"]["digest"] = legacy_digest(table)
         old_fp = fingerprint_of(settings)
         path.write_text(render(merges, removed, old_fp, settings))

@@ -101,7 +101,7 @@ def list_local_corpus(path: str, text_column: str,
     ``skipped`` given (``ignore_corrupt_files``), left out and added to ``skipped``.
     ``footers``, if given, receives each listed file's Parquet metadata (read once, for
     :func:`plan_slices`)."""
-    if not fsutil.is_local(path) or any(c in path for c in "*?[{"):
+    if not fsutil.is_local(path) or fsutil.has_glob(path):
         return None
     local = os.path.abspath(fsutil.local_path(path))
     try:
@@ -452,7 +452,7 @@ def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list
     """A directory whose files Spark's reader would not all read (files in subfolders that
     are not ``key=value`` partitions, next to files or alone) is an error naming them, never
     a corpus silently read in part."""
-    if any(c in name for c in "*?[{"):
+    if fsutil.has_glob(name):
         return  # a glob reads what it matches
     try:
         under = fsutil.data_files_under(spark, name)
@@ -473,6 +473,12 @@ def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list
             f"an input (--input {name}/{sub_dir},...) or a glob ({name}/*/*)")
 
 
+# JSON lines are read strictly: left to itself Spark turns a malformed line (a shard cut off
+# mid-record) or a string over Jackson's 20 M-character default into a null row, silently.
+# Spark's ignoreCorruptFiles does not skip a malformed record either: it stays an error.
+JSON_OPTIONS = {"mode": "FAILFAST", "maxStringLen": str(2**31 - 1)}
+
+
 def _read_json(spark: SparkSession, name: str, column: str) -> DataFrame:
     """JSON lines with a schema of the text column alone, taken from the first file: left to
     itself Spark infers the schema from every row of every file, one more full pass over the
@@ -481,11 +487,13 @@ def _read_json(spark: SparkSession, name: str, column: str) -> DataFrame:
     files = sorted(spark.read.schema(T.StructType([T.StructField(column, T.StringType())]))
                    .json(name).inputFiles())
     if not files:
-        return spark.read.json(name)
-    first = spark.read.json(files[0])
+        return spark.read.options(**JSON_OPTIONS).json(name)
+    # (the schema is inferred leniently: a malformed line is the count's to name, with its file)
+    first = spark.read.option("maxStringLen", JSON_OPTIONS["maxStringLen"]).json(files[0])
     if column not in first.columns:
         return first
-    return spark.read.schema(T.StructType([first.schema[column]])).json(name)
+    return spark.read.options(**JSON_OPTIONS).schema(T.StructType([first.schema[column]])) \
+        .json(name)
 
 
 def _reason(exc: Exception) -> str:
@@ -557,6 +565,12 @@ def unreadable_file_error(exc: BaseException, can_skip: bool = True,
     if m:
         return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip, kind)
     m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
+    if m and "MALFORMED_RECORD_IN_PARSING" in text:  # JSON read in FAILFAST mode
+        parser = re.search(r"Caused by: com\.fasterxml\.[\w.$]+: ([^\n(]+)", text)
+        why = "a malformed record" + (f": {parser.group(1).strip()}" if parser else "")
+        return ConfigError(f"config key 'input': {m.group(2)} is not a readable {kind} file "
+                           f"({why}); fix or remove it (--ignore-corrupt-files skips files "
+                           "that cannot be opened, not malformed records)")
     if m:
         cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
                  or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))

@@ -74,7 +74,7 @@ def _files(path: str, suffixes: tuple[str, ...]) -> list[str]:
     if os.path.isdir(local):
         return sorted(f for f in glob.glob(os.path.join(local, "*"))
                       if f.endswith(suffixes) and not os.path.basename(f).startswith(("_", ".")))
-    return sorted(glob.glob(local)) if any(c in local for c in "*?[") else [local]
+    return sorted(glob.glob(local)) if fsutil.has_glob(local, fsutil.PYTHON_GLOB) else [local]
 
 
 def _local_tsv(path: str) -> Iterator[tuple[str, Iterable[str]]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,19 +194,19 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     return pa.Table.from_batches(batches) if batches else df.limit(0).toArrow()
 
 
-def read_word_table(spark: SparkSession, wt: WordTable,
-                    columns: Sequence[str] = WORD_TABLE_COLUMNS) -> pa.Table:
+def read_word_table(spark: SparkSession, wt: WordTable) -> pa.Table:
     """The word table's rows on the driver, sorted by first_seen: read with pyarrow when it is
     on a local filesystem (no JVM involved), else through Spark a partition at a time."""
+    columns = list(WORD_TABLE_COLUMNS)
     if fsutil.is_local(wt.data_path):
         local = fsutil.local_path(wt.data_path)
         files = sorted(os.path.join(local, f) for f in os.listdir(local)
                        if f.endswith(".parquet") and not f.startswith((".", "_")))
-        table = pa.concat_tables([pq.read_table(f, columns=list(columns)) for f in files]) \
+        table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]) \
             if files else collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
     else:
         table = collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
-    return table.sort_by("first_seen") if "first_seen" in columns else table
+    return table.sort_by("first_seen")
 
 
 @dataclass
@@ -327,6 +327,17 @@ def source_changes(meta: dict, cfg: Config) -> list[str]:
     now = {**source_meta(cfg), "text_column": cfg.text_column}
     return [f"{k} {meta.get(k, default)!r} then, {now[k]!r} now"
             for k, default in _SOURCE_DEFAULTS.items() if meta.get(k, default) != now[k]]
+
+
+def split_settings(meta: dict) -> dict:
+    """The config keys that decide how text is cut into words (the pretokenizer's and
+    ``max_word_bytes``), as a word table's metadata or a checkpoint's settings record them."""
+    return {**(meta.get("pretokenizer") or {}), "max_word_bytes": meta.get("max_word_bytes", 0)}
+
+
+def setting_changes(then: dict, now: dict) -> list[str]:
+    """One phrase per key whose value differs (``lowercase False then, True now``)."""
+    return [f"{k} {then.get(k)!r} then, {v!r} now" for k, v in now.items() if then.get(k) != v]
 
 
 def word_table_meta(spec: PretokenizerSpec, text_column: str, max_word_bytes: int,

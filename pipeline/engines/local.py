@@ -663,8 +663,9 @@ class LocalTrainer:
         cnt, lefts, rights = state.cnt, state.pair_left, state.pair_right
         tl = self.token_len
         while True:
-            # heap entries are order.heap_entry tuples (-count, position, id), read inline
-            # here: this loop runs once per merge and stale entry (order.unpack_entry elsewhere)
+            # heap entries are order.heap_entry tuples (-count, position, id), read inline here
+            # (order.unpack_entry elsewhere): this loop runs once per merge and once more for
+            # every stale entry it pops
             if not heap or -heap[0][0] < self.floor:
                 if self._lower_floor():
                     continue

@@ -118,6 +118,7 @@ class SparkPartitions:
         self.rebuilds = 0
         self.chunk_count = 0
         self._base = self.sc.broadcast(base)
+        self._built = self.sc.accumulator(0)  # partition states built from chunks, all told
         parts = num_partitions or self.sc.defaultParallelism
         chunks = (words.select("word", "count", "first_seen")
                   .repartitionByRange(parts, "first_seen").sortWithinPartitions("first_seen")
@@ -140,7 +141,7 @@ class SparkPartitions:
 
     # -- holders -------------------------------------------------------------------------------
     def _build_holders(self, hist_bc):
-        run, base, vocab_bc = self.run, self.base_size, self._base
+        run, base, vocab_bc, built = self.run, self.base_size, self._base, self._built
 
         def build(index: int, blobs: Iterator[bytes]) -> Iterator[tuple[int, int]]:
             store = PartitionStore(run, index)
@@ -156,11 +157,18 @@ class SparkPartitions:
                 return
             flat, lengths = initial_symbols(vocab_bc.value, table.column("word"))
             st = store.build(flat, lengths, table.column("count").to_numpy(), base, history)
+            built.add(1)
             yield index, st.n
 
         holders = self.chunks.mapPartitionsWithIndex(build).persist(StorageLevel.MEMORY_ONLY)
         holders.count()
         return holders
+
+    @property
+    def states_built(self) -> int:
+        """Partition states built from the chunks so far: one per partition, and one more for
+        each state rebuilt (a lost executor's, recomputed by Spark or by :meth:`_rebuild`)."""
+        return int(self._built.value)
 
     def _history_fn(self):
         """What a task needs to replay missed merges: the broadcast plus the merges since."""
@@ -183,9 +191,9 @@ class SparkPartitions:
         self.holders = self._build_holders(self._hist_bc)
         old.unpersist(blocking=False)
 
-    def _job(self, fn, reduce: bool = True):
+    def _job(self, fn):
         """Run ``fn(store, index)`` on every non-empty partition, rebuilding once if a state
-        was lost; returns the combined report (or the collected results)."""
+        was lost; returns the reports combined."""
         run = self.run
 
         def task(index: int, recs: Iterator) -> Iterator:
@@ -194,7 +202,7 @@ class SparkPartitions:
 
         def job():
             rdd = self.holders.mapPartitionsWithIndex(task)
-            return rdd.treeReduce(combine) if reduce else gather(rdd)
+            return rdd.treeReduce(combine)
 
         return self._rebuilding(job)
 
