@@ -24,13 +24,9 @@ else:  # pragma: no cover
 
 from pipeline.bpe import ALPHABETS
 from pipeline.fsutil import HADOOP_GLOB, PYTHON_GLOB, has_glob, is_local, local_path
-from pipeline.pretokenize import (
-    NORMALIZATIONS,
-    PATTERNS,
-    PatternError,
-    PretokenizerSpec,
-    check_pattern,
-)
+from pipeline.patterns import PATTERNS, PatternError, check_pattern
+from pipeline.pretokenize import NORMALIZATIONS, PretokenizerSpec
+from pipeline.progress import HEARTBEAT_SECONDS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "conf" / "default.toml"
@@ -133,7 +129,8 @@ class Config:
     log_level: str = opt("INFO", "our log level (Spark's own log is configured by Spark)",
                          choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     progress_bar: bool = opt(True, "a progress bar on a terminal (never in a log)")
-    heartbeat_seconds: float = opt(5.0, "a progress line per running stage this often")
+    heartbeat_seconds: float = opt(HEARTBEAT_SECONDS,
+                                   "a progress line per running stage this often")
     spark_ui: str = opt("auto", "Spark web UI (auto: on for cluster masters, off in local "
                                 "modes)", choices=("auto", "on", "off"))
     report_sample_rows: int = opt(200, "rows sampled for report.html", (TRAIN,))

@@ -63,12 +63,12 @@ from pipeline.count.corpus import (
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
+from pipeline.patterns import resolve_pattern
 from pipeline.pretokenize import (
     Pretokenizer,
     PretokenizerSpec,
     cut_specials,
     decode_row,
-    resolve_pattern,
     special_token_pattern,
     text_values,
 )
@@ -94,9 +94,9 @@ STAT_KEYS = ("rows", "null_rows", "invalid_utf8_rows", "bytes", "words", "tokens
 # - a run this long (or, at some places, half as long) of whitespace: tiktoken's regex
 #   (fancy-regex) runs out of backtracking stack on a run of about 1 M whitespace characters
 #   ("\s+(?!\S)") and tiktoken panics (measured with tiktoken 0.14 and the gpt2, cl100k and
-#   o200k patterns); or of one character repeated (20 M "a": tiktoken 5-15 s, the reference
-#   encoder 3-5 s, on 1k-4k vocabularies). Found by probing (see _long_run), so ordinary rows
-#   pay nothing. Any other failure is caught per row.
+#   o200k patterns); or of one character repeated (20 M "a"), which tiktoken encodes slowly
+#   (tests/test_long_words.py bounds each encoder's time on such rows). Found by probing (see
+#   _long_run), so ordinary rows pay nothing. Any other failure is caught per row.
 TIKTOKEN_MAX_RUN = 1 << 16
 _RUN_BLOCK = TIKTOKEN_MAX_RUN // 2
 _SPACE_BLOCK_AT = re.compile(rf"\s{{{_RUN_BLOCK}}}")  # re's \s covers Unicode spaces
@@ -239,8 +239,8 @@ def _long_run(text: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _unknown_or_astral() -> re.Pattern:
     """A BMP character unassigned in Python's Unicode database, or any character above the
-    BMP (a bitmap and one range for ``re``: a few ns per character; built once per process
-    from 64 K lookups)."""
+    BMP (a bitmap and one range for ``re``, one C-level scan of the row; built once per
+    process from 64 K lookups)."""
     ranges, start = [], None
     for cp in range(0x10001):
         unknown = cp < 0x10000 and not 0xD800 <= cp <= 0xDFFF \
@@ -515,8 +515,8 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
         progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
         with progress.stage("prepare"):  # (listing a lake's files and reading their footers)
             plan = load_plan(spark, cfg)
-            src, keys = _source(spark, cfg, frame)
-        summary = _encode_and_publish(spark, cfg, plan, src, keys, t0, lease, progress)
+            source = _source(spark, cfg, frame)
+        summary = _encode_and_publish(spark, cfg, plan, source, t0, lease, progress)
     stats = summary["stats"]
     log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
              "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
@@ -524,8 +524,8 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
     return EncodeResult(cfg.output, summary)
 
 
-def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFrame,
-                        keys: list[str], t0: float, lease: Lease, progress: Progress) -> dict:
+def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _Source,
+                        t0: float, lease: Lease, progress: Progress) -> dict:
     """Encode into a staging directory and move it into place with its ``_encode.json``
     (unless another job took the output's lease meanwhile); returns that summary."""
     tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
@@ -533,7 +533,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
              cfg.tokenizer,
              plan.engine, len(plan.meta["merges"]), cfg.output)
     try:
-        stats = _encode_into(spark, cfg, plan, src, keys, tmp, progress)
+        stats = _encode_into(spark, cfg, plan, source, tmp, progress)
     except Exception as exc:
         unreadable = unreadable_file_error(exc, can_skip=False)
         if unreadable is None:
@@ -546,7 +546,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
     summary = {"format": "spark-bpe encoded corpus", "version": 1,
                "input": cfg.input or "a DataFrame",
                "tokenizer": cfg.tokenizer, "text_column": cfg.text_column,
-               "key_columns": keys, "ids_column": cfg.ids_column,
+               "key_columns": source.keys, "ids_column": cfg.ids_column,
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
                "stats": stats}
     fsutil.write_text(spark, fsutil.join(tmp, CONFIG_FILE), cfg.to_json(ENCODE))
@@ -556,29 +556,39 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, src:
 
 
 def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
-                ) -> tuple[list[DataFrame], str]:
-    """The corpus as DataFrames (one per source, same columns), and its name for errors."""
+                ) -> tuple[list[DataFrame], str, int | None]:
+    """The corpus as DataFrames (one per source, same columns), its name for errors, and its
+    rows when the footers say (local Parquet)."""
     if frame is not None:
         check_text_column(frame, cfg.text_column, "the DataFrame")
-        return [frame], "the DataFrame"
+        return [frame], "the DataFrame", None
     sources = [read_corpus(spark, path, cfg.text_column) for path in cfg.inputs]
     frames = [df for df, _ in sources]
-    check_local_footers(sorted({f for _, files in sources for f in files}), can_skip=False,
-                        text_column=cfg.text_column)
+    listed = [f for _, files in sources for f in files]
+    rows = check_local_footers(sorted(set(listed)), can_skip=False,
+                               text_column=cfg.text_column)
+    if len(set(listed)) < len(listed):  # sources that overlap: some files are read twice
+        rows = None
     schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
                for df in frames}
     if len(schemas) > 1:
         raise ConfigError(f"config key 'input': the corpora {cfg.input} have different "
                           "columns or column types; encode them one at a time")
-    return frames, cfg.input
+    return frames, cfg.input, rows
 
 
-def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None
-            ) -> tuple[DataFrame, list[str]]:
+@dataclass
+class _Source:
+    df: DataFrame  # the text and the key columns
+    keys: list[str]
+    rows: int | None  # when known before reading (local Parquet footers): the heartbeat's ETA
+
+
+def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> _Source:
     """The text and the key columns to carry (default: every other column; when the text is
     the only one, the input file and row, or for a DataFrame a row id), spread over the cores
     when the input is one large partition."""
-    frames, name = _read_input(spark, cfg, frame)
+    frames, name, rows = _read_input(spark, cfg, frame)
     columns = frames[0].columns
     keys = list(cfg.key_columns)
     for k in keys:
@@ -610,20 +620,22 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None
         if (src.rdd.getNumPartitions() < cores
                 and sum(_scan_bytes(f) or 0 for f in frames) >= REPARTITION_MIN_BYTES):
             src = src.repartition(cores)
-    return src, keys
+    return _Source(src, keys, rows)
 
 
-def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, src: DataFrame,
-                 keys: list[str], tmp: str, progress: Progress) -> dict:
+def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _Source,
+                 tmp: str, progress: Progress) -> dict:
     """Run the encode (tasks with heartbeats) into ``tmp``; returns the statistics."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    src, keys = source.df, source.keys
     out_struct = T.StructType([src.schema[k] for k in keys] + [
         T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
     sc = spark.sparkContext
     bc = sc.broadcast(plan)
     acc = sc.accumulator({}, PerTask())
     counts = TaskCounts.create(sc)
+    counts.total_rows = source.rows
     encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct), counts),
                              out_struct)
     t_enc = time.time()

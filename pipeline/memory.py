@@ -152,8 +152,9 @@ def count_merge_bytes(partial_bytes: int, buckets: int = 1) -> int:
     """Peak memory of the driver process merging ``partial_bytes`` of the count tasks'
     partial counts (Arrow) with numpy: in one piece, the partials, their word dictionary and
     the sums and minima; in hash buckets, the partials held once (split) plus one bucket's
-    merge. Measured on the 1 GB scale corpus's 256 MB of partials: 3.2 bytes per byte in one
-    piece, 2.3 in 5 buckets (which cost about 4 s more)."""
+    merge (less memory, some more time). The constants are an earlier session's measurement
+    on the 1 GB scale corpus's partials, rounded up; the driver's peak in every benchmark run
+    (``driver_peak_rss_mb`` in stats.json) is the check that they still hold."""
     if buckets == 1:
         return DRIVER_BASE_BYTES + int(COUNT_MERGE_BYTES_PER_BYTE * partial_bytes)
     return DRIVER_BASE_BYTES + int(partial_bytes * (HELD_BYTES_PER_BYTE

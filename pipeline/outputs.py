@@ -35,12 +35,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import regex
-
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
 from pipeline.config import ConfigError
-from pipeline.pretokenize import PATTERNS, PretokenizerSpec, resolve_pattern
+from pipeline.patterns import PATTERNS, onig_pattern, resolve_pattern
+from pipeline.pretokenize import PretokenizerSpec
 
 TOKENIZER_META_FORMAT = "spark-bpe tokenizer"  # tokenizer_meta.json, what encoder.py reads
 TOKENIZER_META_VERSION = 1
@@ -160,155 +159,6 @@ def vocab_json(tok: TrainedTokenizer) -> dict[str, int]:
     for s, i in tok.special_ids().items():
         out[s] = i
     return out
-
-
-# -- split patterns for Oniguruma (Hugging Face tokenizers) ---------------------------------------
-
-_INTERVAL = regex.compile(r"\{\d*(?:,\d*)?\}")
-_BRACED_ESCAPES = "pPNxgku"
-_FIXED_ESCAPES = {"x": 2, "u": 4, "U": 8}
-
-
-def _escape_end(src: str, i: int) -> int:
-    """End of the escape sequence starting with the backslash at ``src[i]``."""
-    if i + 1 >= len(src):
-        return len(src)
-    c = src[i + 1]
-    if c in _BRACED_ESCAPES and i + 2 < len(src) and src[i + 2] == "{":
-        close = src.find("}", i + 2)
-        return len(src) if close < 0 else close + 1
-    if c in "pP" and i + 2 < len(src):  # \pL
-        return i + 3
-    if c in _FIXED_ESCAPES:
-        return min(len(src), i + 2 + _FIXED_ESCAPES[c])
-    return i + 2
-
-
-def _class_end(src: str, i: int) -> int:
-    """End of the character class starting with ``[`` at ``src[i]`` (nested sets allowed)."""
-    j = i + 1
-    if j < len(src) and src[j] == "^":
-        j += 1
-    if j < len(src) and src[j] == "]":
-        j += 1  # a leading ] is a literal
-    depth = 1
-    while j < len(src):
-        c = src[j]
-        if c == "\\":
-            j = _escape_end(src, j)
-            continue
-        if c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-        j += 1
-    return len(src)
-
-
-def onig_pattern(src: str) -> str:
-    """Rewrite a ``regex``-package split pattern so Oniguruma (Ruby syntax, what Hugging Face
-    ``tokenizers`` compiles ``Split`` patterns with) matches the same pieces.
-
-    Differences handled (the built-in patterns only need the first):
-    - ``X{m,n}+`` is possessive in ``regex`` but a repetition of ``X{m,n}`` in Ruby syntax
-      (cl100k's ``\\p{N}{1,3}+`` would swallow a whole run of digits): written ``(?>X{m,n})``;
-    - ``^`` / ``$`` are line anchors in Ruby syntax: written ``\\A`` / ``(?=\\n?\\z)`` (the
-      ``regex`` meaning without MULTILINE); ``\\Z`` is written ``\\z``;
-    - ``(?P<name>...)`` / ``(?P=name)`` are written ``(?<name>...)`` / ``\\k<name>``.
-
-    Anything else specific to the ``regex`` package (fuzzy matching, set operations, ``\\m``,
-    inline ``(?s)``...) is copied as is; such custom patterns need checking with ``tokenizers``.
-    Character classes are copied unchanged, so ``^``/``$`` inside them keep their meaning.
-    """
-    return _OnigRewrite(src).run()
-
-
-class _OnigRewrite:
-    """One left-to-right pass of :func:`onig_pattern`: each construct copied or rewritten by
-    its own method. ``atom`` is the index in ``out`` where the last complete atom starts (what
-    a following ``{m,n}+`` applies to); ``groups`` the indices of the open groups."""
-
-    def __init__(self, src: str):
-        self.src, self.i = src, 0
-        self.out: list[str] = []
-        self.atom: int | None = None
-        self.groups: list[int] = []
-
-    def run(self) -> str:
-        src = self.src
-        while self.i < len(src):
-            c = src[self.i]
-            if c == "\\":
-                self._escape()
-            elif c == "[":
-                self._atom(_class_end(src, self.i))
-            elif c == "(":
-                self._open_group()
-            elif c == ")":
-                self._close_group()
-            elif c == "{" and self.atom is not None and (m := _INTERVAL.match(src, self.i)):
-                self._interval(m)
-            elif c == "^":
-                self._anchor(r"\A")
-            elif c == "$":
-                self._anchor(r"(?=\n?\z)")
-            else:
-                self.atom = None if c in "*+?|" else len(self.out)
-                self.out.append(c)
-                self.i += 1
-        return "".join(self.out)
-
-    def _atom(self, end: int, text: str | None = None) -> None:
-        """Copy ``src[i:end]`` (or write ``text`` for it) as one complete atom."""
-        self.atom = len(self.out)
-        self.out.append(self.src[self.i:end] if text is None else text)
-        self.i = end
-
-    def _escape(self) -> None:
-        end = _escape_end(self.src, self.i)
-        self._atom(end, r"\z" if self.src[self.i:end] == r"\Z" else None)
-
-    def _open_group(self) -> None:
-        src, i = self.src, self.i
-        if src.startswith("(?P=", i):  # a backreference: an atom, not a group
-            close = src.find(")", i)
-            close = len(src) if close < 0 else close
-            self._atom(close + 1, r"\k<" + src[i + 4:close] + ">")
-            return
-        self.groups.append(len(self.out))
-        if src.startswith("(?P<", i):
-            self.out.append("(?<")
-            self.i += 4
-        else:
-            self.out.append("(")
-            self.i += 1
-            self.atom = None
-
-    def _close_group(self) -> None:
-        start = self.groups.pop() if self.groups else len(self.out)
-        self.out.append(")")
-        self.atom = start
-        self.i += 1
-
-    def _interval(self, m: regex.Match[str]) -> None:
-        end = m.end()
-        if end < len(self.src) and self.src[end] == "+":  # possessive interval
-            assert self.atom is not None
-            inner = "".join(self.out[self.atom:])
-            del self.out[self.atom:]
-            self.out.append(f"(?>{inner}{m.group()})")
-            self.i = end + 1
-        else:
-            self.out.append(m.group())
-            self.i = end
-        self.atom = None
-
-    def _anchor(self, text: str) -> None:
-        self.out.append(text)
-        self.atom = None
-        self.i += 1
 
 
 def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:

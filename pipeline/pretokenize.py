@@ -9,9 +9,7 @@ the word table independently (``tests/naive_count.py``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
-import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -20,83 +18,13 @@ from itertools import islice
 
 import regex
 
-# The exact split patterns tiktoken uses for these encodings.
-PATTERNS: dict[str, str] = {
-    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
-    "cl100k": (
-        r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"""
-        r"""| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-    ),
-    "o200k": "|".join(
-        [
-            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-            r"""\p{N}{1,3}""",
-            r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-            r"""\s*[\r\n]+""",
-            r"""\s+(?!\S)""",
-            r"""\s+""",
-        ]
-    ),
-}
-
-# The named patterns for the standard library's ``re``, which runs them 2.5-3x faster than
-# ``regex`` runs the originals, on text whose characters are all in the Basic Multilingual
-# Plane (U+0000-U+FFFF: nearly all text). Each Unicode class of the originals becomes an
-# explicit class of the BMP characters that ``regex`` itself matches with it (probed once per
-# process, so the two agree whatever Unicode version each ships); ``re`` keeps such a class as a
-# bitmap. (Characters above U+FFFF would make ``re`` scan hundreds of ranges per character, so
-# text with any of them takes ``regex``.) Tests hold the translations equal to the originals.
-_FAST_TEMPLATES: dict[str, tuple[str, ...]] = {
-    "gpt2": (
-        r"'(?:[sdmt]|ll|ve|re)", r" ?[{L}]++", r" ?[{N}]++", r" ?[^{S}{L}{N}]++",
-        r"[{S}]++$", r"[{S}]+(?![^{S}])", r"[{S}]",
-    ),
-    "cl100k": (
-        r"'(?i:[sdmt]|ll|ve|re)", r"[^\r\n{L}{N}]?+[{L}]++", r"[{N}]{1,3}+",
-        r" ?[^{S}{L}{N}]++[\r\n]*+", r"[{S}]++$", r"[{S}]*[\r\n]", r"[{S}]+(?![^{S}])",
-        r"[{S}]",
-    ),
-    "o200k": (
-        r"[^\r\n{L}{N}]?[{UPPER}]*[{LOWER}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-        r"[^\r\n{L}{N}]?[{UPPER}]+[{LOWER}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-        r"[{N}]{1,3}", r" ?[^{S}{L}{N}]+[\r\n/]*", r"[{S}]*[\r\n]+", r"[{S}]+(?![^{S}])",
-        r"[{S}]+",
-    ),
-}
-# the ``regex`` class behind each placeholder of the templates
-_FAST_CLASSES = {
-    "L": r"\p{L}", "N": r"\p{N}", "S": r"\s",
-    "UPPER": r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", "LOWER": r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",
-}
-# possessive quantifiers arrived in ``re`` with Python 3.11; before it, ``regex`` does it all
-_RE_IS_POSSESSIVE = sys.version_info >= (3, 11)
-
-
-@functools.cache
-def _bmp_class(pattern: str) -> str:
-    """The BMP characters ``regex`` matches with one-character ``pattern``, as the inside of
-    an ``re`` character class (ranges of \\uXXXX escapes)."""
-    bmp = "".join(map(chr, range(0x10000)))
-    runs = ((m.start(), m.end() - 1) for m in regex.finditer(f"(?:{pattern})+", bmp))
-    return "".join(f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}" for a, b in runs)
-
-
-@functools.cache
-def fast_pattern(name: str) -> str:
-    """The ``re`` translation of the named pattern ``name``, exact on BMP text."""
-    pieces = []
-    for piece in _FAST_TEMPLATES[name]:
-        for key, cls in _FAST_CLASSES.items():
-            piece = piece.replace("{" + key + "}", _bmp_class(cls))
-        pieces.append(piece)
-    return "|".join(pieces)
-
-
-def in_bmp(text: str) -> bool:
-    """True when no character of ``text`` is above U+FFFF (one C pass, no Python loop)."""
-    return text.isascii() or len(text.encode("utf-16-le", "surrogatepass")) == 2 * len(text)
-
+from pipeline.patterns import (
+    PATTERNS,  # noqa: F401 - also importable from here, as before
+    compile_pattern,
+    fast_pattern,
+    has_fast_pattern,
+    in_bmp,
+)
 
 # For these patterns a row may be cut between a "\n" and an ASCII letter or digit without
 # changing any match: no match runs through such a boundary (a match that takes the "\n" ends
@@ -107,50 +35,7 @@ def in_bmp(text: str) -> bool:
 _LINE_CUT_SAFE = ("cl100k", "o200k")
 _LINE_CUT = re.compile(r"(?<=\n)(?=[A-Za-z0-9])")
 
-NO_SPLIT = "none"
 NORMALIZATIONS = ("none", "NFC", "NFKC", "NFD", "NFKD")
-
-
-class PatternError(ValueError):
-    """A split pattern that does not compile."""
-
-
-def resolve_pattern(pattern: str) -> str | None:
-    """Return the regex source for a pattern name or custom regex; None for ``none``."""
-    if pattern == NO_SPLIT:
-        return None
-    return PATTERNS.get(pattern, pattern)
-
-
-def compile_pattern(pattern: str) -> regex.Pattern[str] | None:
-    source = resolve_pattern(pattern)
-    if source is None:
-        return None
-    try:
-        return regex.compile(source)
-    except regex.error as exc:
-        raise PatternError(f"pattern {pattern!r} does not compile: {exc}") from None
-
-
-# texts a custom pattern is tried on before any Spark work: a pattern that matches the empty
-# string anywhere in them (``x*``, a lone ``\b``) would make empty words
-_PATTERN_PROBES = ("", "a", " ", "ab cd", "Hello, world! 123\n\n  x\ty", "日本語 текст €5")
-
-
-def check_pattern(pattern: str) -> None:
-    """Raise :class:`PatternError` for a pattern that does not compile, or that matches the
-    empty string (every word must hold at least one character: a zero-length match would be
-    a word with no token)."""
-    compiled = compile_pattern(pattern)
-    if compiled is None:
-        return
-    for probe in _PATTERN_PROBES:
-        for m in compiled.finditer(probe):
-            if m.start() == m.end():
-                raise PatternError(
-                    f"pattern {pattern!r} matches the empty string (at {m.start()} in "
-                    f"{probe!r}); every match must hold at least one character (+ rather "
-                    "than *, no match made of \\b or lookarounds alone)")
 
 
 @dataclass(frozen=True)
@@ -205,7 +90,7 @@ class Pretokenizer:
         self._split = compile_pattern(self.spec.pattern)
         self._whole_matches = self._split is None or self._split.groups == 0
         self._findall = None if self._split is None else self._split.findall
-        if self.spec.pattern in _FAST_TEMPLATES and _RE_IS_POSSESSIVE:
+        if has_fast_pattern(self.spec.pattern):
             self._findall = _fast_findall(self._split.findall,
                                           re.compile(fast_pattern(self.spec.pattern)).findall,
                                           self.spec.pattern in _LINE_CUT_SAFE)

@@ -125,13 +125,16 @@ class Stage:
                  poll: Callable[[], dict] | None, start: float = 0, recent_eta: bool = False):
         self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
                                                                       unit, poll)
-        # the ETA at the rate since the previous heartbeat, not the average: for work that
-        # gets cheaper as it goes (the first merges rewrite the most words); none until a
+        # the ETA at the recent rate (since the newest heartbeat a second back), not the
+        # average: for work that gets cheaper as it goes (the first merges rewrite the most
+        # words); none until a
         # heartbeat after the first one with work done since the rate (re)started, whose rate
         # is that of the heaviest work alone (1 GB table: ETAs from the first merges said
         # 313 s for 16 s left, BENCHMARKS.md thirteenth session)
         self.recent_eta = recent_eta
-        self.last_point: tuple[float, float] | None = None  # (time, done) of the last beat
+        # (time, done) of the recent beats: the recent rate is measured from the newest that is
+        # a second old or more (heartbeats may come faster than that)
+        self.points: list[tuple[float, float]] = []
         self.t0 = time.time()
         # (time, done) the rate is measured from; ``start`` was done before this attempt
         # (merges from a checkpoint): not in the rate
@@ -154,7 +157,7 @@ class Stage:
         """Measure the rate (and the ETA) from now: what came before was set-up."""
         with self.lock:
             self.rate_from = (time.time(), self.done or 0)
-            self.last_point = None
+            self.points = []
 
     def beat(self, event: str = "beat") -> None:
         if self.poll is not None and event != "start":
@@ -188,15 +191,17 @@ class Stage:
                     if self.unit and event == "beat" and rate >= 1:
                         parts.append(f"{rate:,.0f} {self.unit}/s")
                     if total and event == "beat":
-                        last, eta_rate = self.last_point, rate
+                        eta_rate = rate
                         if self.recent_eta:  # no ETA before a second point with work done
-                            recent = last is not None and last[0] >= since \
-                                and last[1] > base and now - last[0] >= 1 and done > last[1]
+                            last = next((p for p in reversed(self.points) if now - p[0] >= 1
+                                         and p[0] >= since and p[1] > base), None)
+                            recent = last is not None and done > last[1]
                             eta_rate = (done - last[1]) / (now - last[0]) if recent else 0
                         if eta_rate > 0:
                             rec["eta"] = round((total - done) / eta_rate, 1)
                 if event == "beat":
-                    self.last_point = (now, done)
+                    old = [i for i, p in enumerate(self.points) if now - p[0] >= 1]
+                    self.points = self.points[old[-1] if old else 0:] + [(now, done)]
             rec.update(self.fields)
             parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]
             detail = ", ".join(parts)

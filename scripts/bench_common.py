@@ -3,7 +3,7 @@ r"""Shared pieces of the benchmarks: the reference trainers, timing, the corpus 
 The references see the corpus the way our trainer does: one Parquet row is one text (a word
 never spans rows, a row may hold newlines), streamed from the files in corpus order, nulls and
 empty strings skipped. Hugging Face ``tokenizers`` gets the split pattern rewritten for
-Oniguruma (``pipeline.outputs.onig_pattern``): the raw ``regex`` pattern would let cl100k's
+Oniguruma (``pipeline.patterns.onig_pattern``): the raw ``regex`` pattern would let cl100k's
 ``\p{N}{1,3}+`` swallow whole digit runs there.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipeline.outputs import onig_pattern
-from pipeline.pretokenize import PATTERNS
+from pipeline.patterns import PATTERNS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = REPO.parent / "shared" / "corpora" / "en-docs"

@@ -22,13 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pyarrow.parquet as pq  # noqa: E402
 import regex  # noqa: E402
 
-from pipeline.pretokenize import (  # noqa: E402
-    PATTERNS,
-    Pretokenizer,
-    PretokenizerSpec,
-    WordCounter,
-    in_bmp,
-)
+from pipeline.patterns import PATTERNS, in_bmp  # noqa: E402
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter  # noqa: E402
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PURE = ["pipeline.bpe", "pipeline.order", "pipeline.encoder", "pipeline.outputs",
-        "pipeline.pretokenize", "pipeline.checkpoint", "pipeline.memory",
+        "pipeline.patterns", "pipeline.pretokenize", "pipeline.checkpoint", "pipeline.memory",
         "pipeline.engines.local", "pipeline.engines.planner", "pipeline.engines.partition",
         "pipeline.engines.deltas", "pipeline.engines.rounds", "pipeline.report",
         "pipeline.fsutil"]

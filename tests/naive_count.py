@@ -1,7 +1,7 @@
 """A naive word counter: the definition of the word table, written for the tests from the
 documented semantics without any of the pipeline's counting code (no ``Pretokenizer``,
 ``WordCounter`` or ``FirstSeenLayout``). Only the split patterns' strings are
-taken from ``pipeline.pretokenize.PATTERNS`` (test_pretokenize holds them equal to tiktoken's).
+taken from ``pipeline.patterns.PATTERNS`` (test_pretokenize holds them equal to tiktoken's).
 
 Files in the order given (the caller sorts them by path), rows in order. A row that is null or
 empty is skipped; a binary row is decoded as UTF-8, keeping invalid bytes with
@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import regex
 
-from pipeline.pretokenize import PATTERNS
+from pipeline.patterns import PATTERNS
 
 
 def cut_special_tokens(text: str, specials: Sequence[str]) -> tuple[list[str], int]:

@@ -27,7 +27,8 @@ from pipeline.outputs import (
     write_exports,
     write_run_json,
 )
-from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec
+from pipeline.patterns import PATTERNS
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec
 
 from .conftest import EN_DOCS, MULTILINGUAL, SAMPLE, need_corpus, need_module
 from .naive_count import naive_count

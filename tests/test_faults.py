@@ -595,6 +595,62 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
     assert merges_txt(run) == merges_txt(ref)
 
 
+def mount_small_disk(where: Path, size: str) -> None:
+    """A real filesystem of ``size`` (tmpfs) at ``where``, or a skip where this process may not
+    mount one (not root, or a container without CAP_SYS_ADMIN)."""
+    import subprocess
+
+    if os.sysconf("SC_PAGE_SIZE") != 4096:
+        pytest.skip("the sizes here are 4 KB pages")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (root only)")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_real_full_disk_and_a_read_only_one_end_in_one_line_and_resume(spark, corpus,
+                                                                          tmp_path, procs,
+                                                                          request):
+    """The run's checkpoints on a real filesystem of one page (4 KB), holding the checkpoint
+    of 100 merges: the next one does not fit (not an injected limit). Exit 1, one line naming
+    the file, the stage and "No space left on device", the checkpoint of 100 intact;
+    remounted read-only: one line saying so; given room, the same command resumes from 100
+    and ends with the reference's merges."""
+    import subprocess
+
+    ref, run, args = first_run(spark, corpus, tmp_path, 100)
+    ck = run / "checkpoints"
+    kept = {f.name: f.read_bytes() for f in ck.iterdir()}
+    mount_small_disk(ck, "4k")
+    request.addfinalizer(lambda: subprocess.run(["umount", "-l", str(ck)], capture_output=True))
+    for name, data in kept.items():
+        (ck / name).write_bytes(data)
+    cmd = [sys.executable, TRAIN, "--master", "local[2]", "--no-progress-bar", *args,
+           "--vocab-size", str(VOCAB)]
+
+    def failed_run(name: str) -> str:
+        p = ProcGroup(cmd, tmp_path, name, env=job_env())
+        procs.append(p)
+        assert p.wait(180) == 1, p.tail()
+        assert newest_checkpoint(ck) == 100 and not (run / "run.json").exists()
+        return p.err().strip().splitlines()[-1]
+
+    last = failed_run("full")
+    assert re.match(rf"error: train could not write {ck}/\S+ in stage 'merges': No space left "
+                    r"on device; .* rerun the same command to resume$", last), last
+    subprocess.run(["mount", "-o", "remount,ro", str(ck)], check=True)
+    last = failed_run("read-only")
+    assert re.match(rf"error: train could not write {ck}/\S+ in stage 'merges': Read-only "
+                    r"file system; .* rerun the same command to resume$", last), last
+    subprocess.run(["mount", "-o", "remount,rw,size=1m", str(ck)], check=True)
+    p = ProcGroup(cmd, tmp_path, "room-again", env=job_env())
+    procs.append(p)
+    assert p.wait(180) == 0, p.tail()
+    assert resumed_from(p.log()) == 100
+    assert merges_txt(run) == merges_txt(ref) and (run / "run.json").exists()
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_ctrl_c_while_counting_is_exit_130_and_publishes_nothing(spark, corpus, tmp_path, procs):

@@ -153,6 +153,21 @@ def test_a_reader_spark_does_not_have_is_one_config_error(spark, tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_parquet_files_given_to_a_text_reader_are_one_config_error(spark, tmp_path):
+    """Parquet read as text, JSON lines or CSV would train on compressed bytes: refused, by
+    the file's name or, without the .parquet suffix, by its magic bytes."""
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    shutil.copy(SAMPLE / "part-00000.parquet", renamed / "part-00000")
+    for fmt, corpus in [("text", SAMPLE), ("json", SAMPLE), ("csv", renamed), ("text", renamed)]:
+        with pytest.raises(ConfigError, match=rf"config key 'input_format': \S+part-00000"
+                                              rf"(\.parquet)? is a Parquet file, which the "
+                                              rf"'{fmt}' reader would count as text"):
+            count_words(spark, Config(input=str(corpus), input_format=fmt,
+                                      output=str(tmp_path / "w")))
+    assert not (tmp_path / "w").exists()
+
+
 def test_a_catalog_table_gives_the_parquet_merges(spark, formats, tmp_path):
     spark.sql(f"CREATE TABLE IF NOT EXISTS corpus_t USING parquet LOCATION "
               f"'{formats['parquet']}/a'")

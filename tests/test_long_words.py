@@ -41,7 +41,8 @@ from pipeline.encoder import (
     merge_heap,
     merge_scan,
 )
-from pipeline.pretokenize import PATTERNS, Pretokenizer, PretokenizerSpec, fast_pattern
+from pipeline.patterns import PATTERNS, fast_pattern
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec
 
 from .conftest import EN_DOCS, need_module
 from .test_exports import EOT, rows_of, train_in_memory

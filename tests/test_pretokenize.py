@@ -13,14 +13,8 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.pretokenize import (
-    PATTERNS,
-    Pretokenizer,
-    PretokenizerSpec,
-    WordCounter,
-    fast_pattern,
-    in_bmp,
-)
+from pipeline.patterns import PATTERNS, fast_pattern, in_bmp
+from pipeline.pretokenize import Pretokenizer, PretokenizerSpec, WordCounter
 
 from .conftest import need
 

@@ -248,6 +248,19 @@ def test_the_merges_eta_follows_the_recent_rate(tmp_path):
     assert average[1]["eta"] >= 1.9  # at the average: 500 / 250
 
 
+def test_the_merges_eta_shows_with_heartbeats_under_a_second_apart(tmp_path):
+    """With ``heartbeat_seconds`` below 1 the recent rate is still measured over a second or
+    more (it was measured from the previous heartbeat only, never a second back: no ETA)."""
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=10, bar=False)
+    with prog.stage("merges", total=1000, unit="merges", recent_eta=True) as st:
+        for done in (0, 100, 200, 300, 400, 500):
+            st.update(done, force=True)
+            time.sleep(0.4)
+    beats = [e for e in map(json.loads, jsonl.read_text().splitlines()) if e["event"] == "beat"]
+    assert "eta" in beats[-1] and beats[-1]["eta"] <= 4, beats  # 500 left at about 250/s
+
+
 def test_no_heartbeat_follows_a_failed_stage(tmp_path):
     """A heartbeat whose poll was still running when the stage failed is dropped: a dashboard
     reading the last event of a stage sees the error."""

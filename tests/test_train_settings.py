@@ -16,7 +16,7 @@ import regex
 
 from pipeline.bpe import encode_symbols, initial_words, train_oracle, vocab_bytes
 from pipeline.config import Config
-from pipeline.pretokenize import resolve_pattern
+from pipeline.patterns import resolve_pattern
 
 pytestmark = pytest.mark.spark
 

@@ -143,12 +143,15 @@ def list_local_corpus(path: str, text_column: str,
 
 
 def check_local_footers(files: list[str], can_skip: bool = True,
-                        text_column: str | None = None) -> None:
+                        text_column: str | None = None) -> int | None:
     """Read the Parquet footer of each local file of ``files`` (cheap): an unreadable one, or
     one whose ``text_column`` is not text, is one error naming it before any Spark task meets
-    it (a task's failure comes with pages of Java stack traces in the log)."""
+    it (a task's failure comes with pages of Java stack traces in the log). Returns the files'
+    rows when every one is local (else None: unknown without reading remote footers)."""
+    rows: int | None = 0
     for f in files:
         if not fsutil.is_local(f):
+            rows = None
             continue
         try:
             meta = pq.read_metadata(fsutil.local_path(f))
@@ -157,6 +160,9 @@ def check_local_footers(files: list[str], can_skip: bool = True,
             raise corrupt_file_error(f, first_line(exc), can_skip) from None
         if schema is not None and text_column is not None:
             check_text_type(schema, text_column, f, read_by_spark=True)
+        if rows is not None:
+            rows += meta.num_rows
+    return rows
 
 
 def _spark_reads_as_text(t: pa.DataType) -> bool:
@@ -347,7 +353,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         elif cfg.input_format == "text":
             df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
         elif cfg.input_format == "json":
-            df = _read_json(spark, name, cfg.text_column)
+            df = _read_json(spark, cfg, name)
         else:
             df = spark.read.format(cfg.input_format).load(name)
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
@@ -367,10 +373,13 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         if "TABLE_OR_VIEW_NOT_FOUND" in msg:
             raise ConfigError(f"{what}: no table {name!r} in the catalog") from None
         raise ConfigError(f"{what}: cannot read {name}: {msg}") from None
-    check_text_column(df, cfg.text_column, name)
     if frame is not None:
+        check_text_column(df, cfg.text_column, name)
         return _frame_source(df, name)
     files = sorted({normalize_uri(f) for f in df.inputFiles()})
+    if _lists_files(cfg, frame):
+        _refuse_parquet_read_as_text(cfg, files)  # (before its columns: JSON's would be junk)
+    check_text_column(df, cfg.text_column, name)
     if _lists_files(cfg, frame):
         _refuse_files_left_out(spark, what, name, files)
     if not files:  # no files to order by: Spark's partitions, in order
@@ -388,6 +397,26 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
         return df, files, path, F.lit(0), F.col("_metadata.row_index")
     return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _refuse_parquet_read_as_text(cfg: Config, files: list[str]) -> None:
+    """Parquet files given to a text reader (text, JSON lines, CSV) would be counted as
+    "text" made of compressed bytes: an error naming one, by its name (``.parquet``) or, for a
+    local file, its first and last bytes (the ``PAR1`` magic at both ends)."""
+    if cfg.input_format not in ("text", "json", "csv"):
+        return
+    for f in files:
+        parquet = f.endswith(".parquet")
+        if not parquet and fsutil.is_local(f):
+            with contextlib.suppress(OSError), open(fsutil.local_path(f), "rb") as fh:
+                head = fh.read(4)
+                fh.seek(-min(4, os.fstat(fh.fileno()).st_size), os.SEEK_END)
+                parquet = head == fh.read(4) == b"PAR1"  # the magic at both ends
+        if parquet:
+            raise ConfigError(
+                f"config key 'input_format': {f} is a Parquet file, which the "
+                f"{cfg.input_format!r} reader would count as text; use --input-format parquet "
+                "(the default) for Parquet input")
 
 
 # logical plan nodes that keep each row of a file source one row of the DataFrame, with its
@@ -479,13 +508,15 @@ def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list
 JSON_OPTIONS = {"mode": "FAILFAST", "maxStringLen": str(2**31 - 1)}
 
 
-def _read_json(spark: SparkSession, name: str, column: str) -> DataFrame:
+def _read_json(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
     """JSON lines with a schema of the text column alone, taken from the first file: left to
     itself Spark infers the schema from every row of every file, one more full pass over the
     corpus before the count's. (Without the column in the first file, that file's frame is
     returned, for check_text_column to name its columns.)"""
+    column = cfg.text_column
     files = sorted(spark.read.schema(T.StructType([T.StructField(column, T.StringType())]))
                    .json(name).inputFiles())
+    _refuse_parquet_read_as_text(cfg, [normalize_uri(f) for f in files])  # before a scan
     if not files:
         return spark.read.options(**JSON_OPTIONS).json(name)
     # (the schema is inferred leniently: a malformed line is the count's to name, with its file)
