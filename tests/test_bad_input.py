@@ -251,7 +251,7 @@ def test_a_failed_recount_leaves_the_earlier_run_complete(spark, tmp_path, caplo
     other = tmp_path / "other"
     other.mkdir()
     pq.write_table(pa.table({"text": normal_rows(30)}), other / "part-0.parquet")
-    caplog.set_level("INFO", logger="pipeline.train")
+    caplog.set_level("INFO", logger="pipeline")
     train(spark, Config(input=str(other), output=str(run), vocab_size=300,
                         progress_bar=False))
     assert re.search(r"recounting: the word table at \S+ was counted with another input "

@@ -251,7 +251,7 @@ def test_an_external_word_table_trains_as_the_counted_one(spark, tmp_path, caplo
                                    vocab_size=420, progress_bar=False)).merges
 
     ref = merges(str(tmp_path / "w"), "ref")
-    caplog.set_level("INFO", logger="pipeline.train")
+    caplog.set_level("INFO", logger="pipeline")
     caplog.clear()
     assert merges(str(tmp_path / "words.tsv"), "tsv") == ref
     assert "words are used as given" in caplog.text  # no warning about a cap nobody set

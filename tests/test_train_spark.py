@@ -245,7 +245,7 @@ def test_a_table_that_cut_special_tokens_after_normalization_is_recounted(spark,
     src.mkdir()
     pq.write_table(pa.table({"text": ["Ab<|ENDOFTEXT|>cd ab<|endoftext|>ab cd"] * 3}),
                    src / "a.parquet")
-    caplog.set_level(logging.INFO, logger="pipeline.train")
+    caplog.set_level(logging.INFO, logger="pipeline")
     for lowercase in (True, False):
         run = tmp_path / f"run-{lowercase}"
         cfg = Config(input=str(src), output=str(run), num_merges=3, lowercase=lowercase,
@@ -269,7 +269,7 @@ def test_a_recount_marks_the_run_incomplete_when_its_table_replaces_the_old(spar
     """A rerun over a grown input recounts into RUN/words. Killed while it counts, the earlier
     run stays complete (its run.json beside its own table); killed once the new table has
     replaced the old one, no run.json is left beside the new table."""
-    import pipeline.train as train_module
+    import pipeline.count.run_table as run_table  # where train calls the count
 
     src = tmp_path / "lake"
     src.mkdir()
@@ -280,12 +280,12 @@ def test_a_recount_marks_the_run_incomplete_when_its_table_replaces_the_old(spar
     train(spark, cfg)
     table = (run / "words" / "word_table.json").read_bytes()
     pq.write_table(pa.table({"text": ["ef ef gh"] * 3}), src / "b.parquet")
-    real_count_words = train_module.count_words
+    real_count_words = run_table.count_words
 
     def killed_while_counting(*args, **kwargs):
         raise KeyboardInterrupt  # as a kill during the count would end it
 
-    monkeypatch.setattr(train_module, "count_words", killed_while_counting)
+    monkeypatch.setattr(run_table, "count_words", killed_while_counting)
     with pytest.raises(KeyboardInterrupt):
         train(spark, cfg)
     assert (run / "run.json").exists()
@@ -296,7 +296,7 @@ def test_a_recount_marks_the_run_incomplete_when_its_table_replaces_the_old(spar
         real_count_words(*args, **kwargs)
         raise KeyboardInterrupt  # a kill right after the new table replaced the old one
 
-    monkeypatch.setattr(train_module, "count_words", killed_after_publishing)
+    monkeypatch.setattr(run_table, "count_words", killed_after_publishing)
     with pytest.raises(KeyboardInterrupt):
         train(spark, cfg)
     assert (run / "words" / "word_table.json").read_bytes() != table
@@ -345,7 +345,7 @@ def test_a_complete_run_with_a_new_name_or_a_lost_file_is_published_again(spark,
     """'Already complete' only while the run's files are the ones it wrote, under the name
     asked for: a rerun with another --name, or after an export was deleted, writes the
     outputs again from the checkpoint (no training); an unchanged rerun does nothing."""
-    caplog.set_level(logging.INFO, logger="pipeline.train")
+    caplog.set_level(logging.INFO, logger="pipeline")
     run = tmp_path / "run"
     kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=300,
               progress_bar=False)
@@ -500,7 +500,7 @@ def test_files_spark_writes_follow_the_umask_unless_hadoop_has_one(spark, tmp_pa
 def test_a_damaged_word_table_of_the_run_is_counted_again(spark, tmp_path, caplog):
     """RUN/words with a data file truncated (a disk error, a bad copy): the same command
     counts the words again, saying why, and ends with the same merges."""
-    caplog.set_level(logging.INFO, logger="pipeline.train")
+    caplog.set_level(logging.INFO, logger="pipeline")
     run = tmp_path / "run"
     kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=280,
               progress_bar=False)
