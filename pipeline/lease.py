@@ -35,6 +35,7 @@ from pipeline.config import ConfigError
 log = logging.getLogger(__name__)
 
 NAME = ".lease.json"
+RELEASE_WAIT_SECONDS = 20.0  # how long a release waits for a renewal being written (a slow fsync)
 
 
 def _now() -> float:
@@ -61,6 +62,7 @@ class Lease:
         self.me = {"host": socket.gethostname(), "pid": os.getpid(),
                    "started": _iso(_now()), "id": uuid.uuid4().hex}
         self._stop = threading.Event()
+        self._renewing = threading.Lock()  # held while the renewal thread writes the file
         self._thread: threading.Thread | None = None
         self.lost = False  # set when another run took the lease (this one must stop)
 
@@ -185,12 +187,13 @@ class Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.timeout / 4):
-            if not self._still_mine():
-                return
-            try:
-                fsutil.write_text(self.spark, self.path, self._record())
-            except Exception as exc:  # noqa: BLE001 - a failed renewal is retried next time
-                log.warning("could not renew the lease of %s: %s", self.held, exc)
+            with self._renewing:  # (a release waits for this write: it must not outlive it)
+                if self._stop.is_set() or not self._still_mine():
+                    return
+                try:
+                    fsutil.write_text(self.spark, self.path, self._record())
+                except Exception as exc:  # noqa: BLE001 - a failed renewal is retried next time
+                    log.warning("could not renew the lease of %s: %s", self.held, exc)
 
     def check(self) -> None:
         """Raise if this run no longer holds its lease. Reads the lease file (not only what
@@ -200,9 +203,15 @@ class Lease:
                             "this run stops without publishing")
 
     def release(self) -> None:
+        """Stop renewing and delete the file. A renewal being written (its fsync slow on a busy
+        disk) is waited for first: written after the delete, it would leave a lease behind."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if not self._renewing.acquire(timeout=RELEASE_WAIT_SECONDS):
+            log.warning("the lease %s is still being renewed after %g s; it is left to go "
+                        "stale (lease_timeout_seconds = %g)", self.path, RELEASE_WAIT_SECONDS,
+                        self.timeout)
+            return
+        self._renewing.release()
         if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
             try:
                 fsutil.delete(self.spark, self.path)

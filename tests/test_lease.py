@@ -75,6 +75,32 @@ def test_a_live_run_renews_its_lease_so_another_host_cannot_take_it(tmp_path, mo
         lease.release()
 
 
+def test_a_renewal_written_slowly_is_not_left_behind_by_the_release(tmp_path, monkeypatch):
+    """A renewal whose write is slow (an fsync on a busy disk: a run terminated while its
+    executors shut down) is waited for by the release: written after the delete, it left a
+    live-looking lease that refused the scheduler's retry."""
+    import threading
+    import time
+
+    from pipeline import fsutil
+
+    writing, real_write = threading.Event(), fsutil.write_text
+
+    def slow_renewal(spark, path, text):
+        if threading.current_thread().name == "spark-bpe-lease":
+            writing.set()
+            time.sleep(6.0)  # longer than the release once waited for the renewal thread
+        real_write(spark, path, text)
+
+    monkeypatch.setattr("pipeline.lease.fsutil.write_text", slow_renewal)
+    lease = Lease(None, str(tmp_path), timeout=0.4).acquire()
+    assert writing.wait(10)
+    lease.release()
+    lease._thread.join(10)
+    assert not lease._thread.is_alive()
+    assert not (tmp_path / NAME).exists()
+
+
 def test_a_lease_taken_away_stops_the_run_before_it_publishes(tmp_path):
     lease = Lease(None, str(tmp_path), timeout=0.2).acquire()
     (tmp_path / NAME).write_text(json.dumps({"host": "other", "pid": 1, "id": "thief",
