@@ -65,8 +65,13 @@ def bytes_to_unicode() -> dict[int, str]:
 BYTE_ENCODER = bytes_to_unicode()
 
 
+_SPELLING_TABLE = {b: c for b, c in BYTE_ENCODER.items()}  # latin-1 ordinal -> GPT-2 letter
+
+
 def gpt2_spelling(token: bytes) -> str:
-    return "".join(BYTE_ENCODER[b] for b in token)
+    """The token in GPT-2's byte-to-letter alphabet (``vocab.json``, ``merges.txt``): each
+    byte is one letter (latin-1 decodes byte b to code point b; ``translate`` maps it, in C)."""
+    return token.decode("latin-1").translate(_SPELLING_TABLE)
 
 
 def printable(token: bytes) -> str:
@@ -102,6 +107,15 @@ class TrainedTokenizer:
         return cached[1]
 
     @property
+    def spellings(self) -> list[str]:
+        """:attr:`vocab` spelled GPT-2 style (cached like it)."""
+        cached = self.__dict__.get("_spellings")
+        if cached is None or cached[0] != len(self.merges):
+            cached = self.__dict__["_spellings"] = (len(self.merges),
+                                                    list(map(gpt2_spelling, self.vocab)))
+        return cached[1]
+
+    @property
     def spec(self) -> PretokenizerSpec:
         """The split settings it was trained with."""
         return PretokenizerSpec(self.pattern, tuple(self.special_tokens), self.lowercase,
@@ -134,11 +148,11 @@ def write_trace(path: str, tok: TrainedTokenizer, tokens_left: Sequence[int], sp
 def unique_merges(tok: TrainedTokenizer) -> list[tuple[str, str]]:
     """The merge list spelled GPT-2 style, a repeated pair of spellings kept once (the first:
     Hugging Face would otherwise give the pair the later rank and the first id)."""
-    vocab = tok.vocab
+    spelled = tok.spellings
     seen: set[tuple[str, str]] = set()
     out = []
     for m in tok.merges:
-        pair = (gpt2_spelling(vocab[m.left]), gpt2_spelling(vocab[m.right]))
+        pair = (spelled[m.left], spelled[m.right])
         if pair not in seen:
             seen.add(pair)
             out.append(pair)
@@ -154,8 +168,8 @@ def vocab_json(tok: TrainedTokenizer) -> dict[str, int]:
     """Token spelling -> id. A byte string made twice (by two different merges) keeps its first
     id, as Hugging Face and tiktoken do."""
     out: dict[str, int] = {}
-    for i, t in enumerate(tok.vocab):
-        out.setdefault(gpt2_spelling(t), i)
+    for i, t in enumerate(tok.spellings):
+        out.setdefault(t, i)
     for s, i in tok.special_ids().items():
         out[s] = i
     return out
@@ -167,7 +181,6 @@ def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
     the matches (``Removed`` + ``invert``: exactly ``regex.findall``, like training and
     tiktoken), byte-level BPE, special tokens as added tokens (matched before normalization
     and splitting, like our encoder with ``allowed_special="all"``)."""
-    vocab = tok.vocab
     normalizers = []
     if tok.normalization != "none":
         normalizers.append({"type": tok.normalization})
@@ -203,7 +216,7 @@ def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
             "fuse_unk": False,
             "byte_fallback": False,
             "ignore_merges": False,
-            "vocab": {gpt2_spelling(t): i for i, t in reversed(list(enumerate(vocab)))},
+            "vocab": {t: i for i, t in reversed(list(enumerate(tok.spellings)))},
             "merges": [list(p) for p in unique_merges(tok)],
         },
     }
