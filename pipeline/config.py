@@ -63,10 +63,10 @@ class Config:
                "separated by commas (see input_weights)",
         TRAIN: "the corpus: a path, glob or directory on any Hadoop filesystem; several sources "
                "separated by commas (see input_weights)",
-        ENCODE: "the Parquet files to encode: a path, glob or directory on any Hadoop "
-                "filesystem; several separated by commas"}, CTE)
+        ENCODE: "the corpus to encode (input_format): a path, glob or directory on any "
+                "Hadoop filesystem; several separated by commas"}, CTE)
     input_format: str = opt("parquet", "format of --input, read by Spark (parquet files are "
-                                       "read with pyarrow when local)", CT, INPUT_FORMATS)
+                                       "read with pyarrow when local)", CTE, INPUT_FORMATS)
     input_table: str = opt("", "a catalog table to read instead of --input", CT)
     input_weights: list[int] = opt([], "integer weight of each --input source (counts are "
                                        "multiplied: data mixtures); empty = all 1", CT)

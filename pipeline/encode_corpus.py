@@ -1,8 +1,12 @@
 """The encode job (Spark): encode a corpus with a trained run -> Parquet of token ids.
 
-Output: one row per input row, the key columns (``key_columns``; by default every column but
-the text, or the input ``file`` and ``row`` when the text is the only column) and the token
-ids as ``array<int>`` (``ids_column``; null for a null text). Beside the Parquet files,
+Input: Parquet by default, or any format the count reads (``input_format``: JSON lines, text,
+CSV, ORC, Delta), through the same readers. Output: one row per input row, the key columns
+(``key_columns``; by default every column but the text; when the text is the only column, the
+input ``file`` and ``row``, its index in the file, for Parquet; for the other formats, which
+Spark gives no row index, ``file``, ``block`` (the start of the block of the file Spark read it
+in) and ``row``, its index in that block, numbered in the task) and the token ids as
+``array<int>`` (``ids_column``; null for a null text). Beside the Parquet files,
 ``_encode.json`` (ignored by Parquet readers) holds the tokenizer it was made with and the
 statistics: rows, bytes, tokens, bytes per token, tokens per word (words: whitespace-separated,
 Python's ``str.split``), seconds, and rows the tiktoken engine left to the reference encoder.
@@ -57,6 +61,7 @@ from pipeline.config import ENCODE, Config, ConfigError, check_output_place
 from pipeline.count.corpus import (
     check_local_footers,
     check_text_column,
+    format_name,
     read_corpus,
     unreadable_file_error,
 )
@@ -81,7 +86,8 @@ SPECIAL_MODES = ("error", "special", "text")
 ENCODE_ENGINES = ("auto", "tiktoken", "reference")
 STATS_FILE = "_encode.json"
 CONFIG_FILE = "_config.json"  # the resolved config (config.json of a run or a word table)
-AUTO_KEYS = ("file", "row")
+AUTO_KEYS = ("file", "row")  # Parquet: the row's index in its file
+BLOCK_KEYS = ("file", "block", "row")  # other formats: the row's index in its block of the file
 IDS_TYPE = pa.list_(pa.int32())
 # ids compress ~15% smaller with zstd than with Spark's default snappy, at the same CPU
 OUTPUT_COMPRESSION = "zstd"
@@ -126,7 +132,7 @@ def check_encode_config(cfg: Config, spark: SparkSession | None = None,
     need(cfg.tokenizer != "", "config key 'tokenizer': give a trained run directory "
                               "(--tokenizer RUN_DIR)")
     need(cfg.input != "" or frame,
-         "config key 'input': give the Parquet corpus to encode (--input PATH)")
+         "config key 'input': give the corpus to encode (--input PATH)")
     need(cfg.special_in_text in SPECIAL_MODES,
          f"config key 'special_in_text' must be one of {SPECIAL_MODES}, "
          f"not {cfg.special_in_text!r}")
@@ -441,7 +447,27 @@ def _log_tiktoken_error(enc: BatchEncoder, batch: pa.RecordBatch, i: int) -> Non
                     _row_keys(batch, i), enc.tiktoken_error)
 
 
-def _encode_fn(bc, acc, out_schema: pa.Schema, counts: TaskCounts):
+class BlockRows:
+    """Row numbers from 0 within each (file, block start), for rows that arrive as a task
+    reads its blocks: one after another, each block's rows in file order (Spark's file scan),
+    so a block's rows are consecutive, possibly over several batches."""
+
+    def __init__(self) -> None:
+        self.block: tuple | None = None
+        self.next = 0
+
+    def number(self, files: pa.Array, blocks: pa.Array) -> pa.Array:
+        block, n, out = self.block, self.next, []
+        for key in zip(files.to_pylist(), blocks.to_pylist()):
+            if key != block:
+                block, n = key, 0
+            out.append(n)
+            n += 1
+        self.block, self.next = block, n
+        return pa.array(out, pa.int64())
+
+
+def _encode_fn(bc, acc, out_schema: pa.Schema, counts: TaskCounts, numbered: bool = False):
     def encode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
@@ -451,10 +477,14 @@ def _encode_fn(bc, acc, out_schema: pa.Schema, counts: TaskCounts):
         ids_type = out_schema.field(len(out_schema) - 1).type
         task = TaskContext.get().partitionId()
         report = counts.reporter(task)
+        rows = BlockRows() if numbered else None
         for batch in batches:
             ids = encode_batch(enc, batch, stats, ids_type)
             report.update(stats["rows"], stats["bytes"])
-            yield pa.RecordBatch.from_arrays([*batch.columns[1:], ids], schema=out_schema)
+            keys = batch.columns[1:]
+            if rows is not None:  # (file, block) -> (file, block, row)
+                keys = [*keys, rows.number(*keys)]
+            yield pa.RecordBatch.from_arrays([*keys, ids], schema=out_schema)
         report.finish(stats["rows"], stats["bytes"])
         acc.add({task: stats})
 
@@ -504,9 +534,10 @@ def _scan_bytes(df) -> int | None:
 
 def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = None
                   ) -> EncodeResult:
-    """Encode ``cfg.input`` (one or several Parquet corpora, comma-separated) or ``frame`` (any
-    DataFrame with ``text_column``) with the run at ``cfg.tokenizer`` into ``cfg.output``:
-    check, read, encode into a staging directory, then publish it with ``_encode.json``."""
+    """Encode ``cfg.input`` (one or several corpora, comma-separated, ``input_format``) or
+    ``frame`` (any DataFrame with ``text_column``) with the run at ``cfg.tokenizer`` into
+    ``cfg.output``: check, read, encode into a staging directory, then publish it with
+    ``_encode.json``."""
     t0 = time.time()
     with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "encode job") as lease:
         for path in fsutil.remove_stale_temps(spark, cfg.output):
@@ -562,11 +593,14 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
     if frame is not None:
         check_text_column(frame, cfg.text_column, "the DataFrame")
         return [frame], "the DataFrame", None
-    sources = [read_corpus(spark, path, cfg.text_column) for path in cfg.inputs]
+    sources = [read_corpus(spark, path, cfg.text_column, cfg.input_format)
+               for path in cfg.inputs]
     frames = [df for df, _ in sources]
     listed = [f for _, files in sources for f in files]
-    rows = check_local_footers(sorted(set(listed)), can_skip=False,
-                               text_column=cfg.text_column)
+    rows = None
+    if cfg.input_format == "parquet":
+        rows = check_local_footers(sorted(set(listed)), can_skip=False,
+                                   text_column=cfg.text_column)
     if len(set(listed)) < len(listed):  # sources that overlap: some files are read twice
         rows = None
     schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
@@ -579,9 +613,10 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
 
 @dataclass
 class _Source:
-    df: DataFrame  # the text and the key columns
+    df: DataFrame  # the text and the key columns (but ``row`` when the tasks number rows)
     keys: list[str]
     rows: int | None  # when known before reading (local Parquet footers): the heartbeat's ETA
+    numbered: bool = False  # keys (file, block, row): row numbered in the tasks (not Parquet)
 
 
 def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> _Source:
@@ -604,15 +639,28 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) ->
     elif frame is not None:  # no files: Spark's row ids (partition, then row within it)
         keys = ["row"]
         extra = [F.monotonically_increasing_id().alias("row")]
-    else:
+    elif cfg.input_format == "parquet":
         keys = list(AUTO_KEYS)
         extra = [F.col("_metadata.file_path").alias("file"),
                  F.col("_metadata.row_index").alias("row")]
+    else:  # no row index in Spark's other readers: the tasks number each block's rows
+        keys = list(BLOCK_KEYS)
+        extra = [F.col("_metadata.file_path").alias("file"),
+                 F.col("_metadata.file_block_start").alias("block")]
+    numbered = keys == list(BLOCK_KEYS) and not cfg.key_columns
     src = functools.reduce(DataFrame.unionByName,
                            [f.select(F.col(cfg.text_column), *extra) for f in frames])
     if cfg.ids_column in keys:
         raise ConfigError(f"config key 'ids_column': {cfg.ids_column!r} is also a key column; "
                           "choose another name (--ids-column NAME)")
+    if numbered:  # rows are numbered in the order each task reads its blocks: no shuffle first
+        if cfg.num_partitions:
+            raise ConfigError(
+                f"config key 'num_partitions': a {format_name(cfg)} input whose only column is "
+                "the text is keyed (file, block, row), its rows numbered as the files are "
+                "read, so it cannot be repartitioned first; leave num_partitions at 0 (Spark "
+                "splits large files itself), or name key columns (--key-columns)")
+        return _Source(src, keys, rows, numbered=True)
     if cfg.num_partitions:
         src = src.repartition(cfg.num_partitions)
     else:  # one file with one row group is one partition: share it out, unless it is tiny
@@ -629,15 +677,18 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
     from pyspark.sql.pandas.types import to_arrow_schema
 
     src, keys = source.df, source.keys
-    out_struct = T.StructType([src.schema[k] for k in keys] + [
+    carried = [src.schema[k] for k in keys if k in src.columns]
+    if source.numbered:  # the row number the tasks add
+        carried.append(T.StructField("row", T.LongType(), False))
+    out_struct = T.StructType(carried + [
         T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
     sc = spark.sparkContext
     bc = sc.broadcast(plan)
     acc = sc.accumulator({}, PerTask())
     counts = TaskCounts.create(sc)
     counts.total_rows = source.rows
-    encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct), counts),
-                             out_struct)
+    encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct), counts,
+                                        source.numbered), out_struct)
     t_enc = time.time()
     try:
         with job_group(sc, "encode") as group, progress.stage(

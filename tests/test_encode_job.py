@@ -363,3 +363,82 @@ def test_job_end_to_end_and_exit_codes(run_dir, held_out, tmp_path):
     assert re.match(r"error: config key 'input': \S+lang=en/b\.parquet is not a readable "
                     r"Parquet file", r.stderr.splitlines()[-1]), r.stderr[-2000:]
     assert " ERROR " not in r.stderr and "\tat " not in r.stderr, r.stderr[-3000:]
+
+
+def _lines_of(texts: list[str]) -> list[str]:
+    return [ln for t in texts for ln in t.splitlines() if ln.strip()]
+
+
+def test_json_csv_and_text_inputs_encode_row_for_row(spark, run_dir, tmp_path):
+    """The encode job reads what training reads (``input_format``). JSON lines and CSV with a
+    key column give the Parquet input's ids row for row; text files (the text is their only
+    column) are keyed (file, block, row): rows numbered from 0 within each block of a file as
+    Spark splits it (several blocks here), which in (file, block, row) order are the file's
+    lines. Every row equals the independent oracle."""
+    import csv
+
+    texts = rows_of(EN_DOCS, "part-00002.parquet", 40_000) + EDGE_ROWS
+    oracle = oracle_encoder(run_dir)
+    n = len(texts)
+    src = tmp_path / "src"
+    for fmt in ("parquet", "json", "csv"):
+        (src / fmt).mkdir(parents=True)
+    pq.write_table(pa.table({"doc_id": list(range(n)), "text": texts}),
+                   src / "parquet" / "part-0.parquet")
+    with open(src / "json" / "part-0.jsonl", "w", encoding="utf-8") as fh:
+        for i, t in enumerate(texts):
+            fh.write(json.dumps({"doc_id": i, "text": t}, ensure_ascii=False) + "\n")
+    with open(src / "csv" / "part-0.csv", "w", encoding="utf-8", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["doc_id", "text"])
+        w.writerows([i, t] for i, t in enumerate(texts))
+    by_format = {}
+    for fmt in ("parquet", "json", "csv"):
+        out = tmp_path / f"enc-{fmt}"
+        encode_corpus(spark, Config(input=str(src / fmt), input_format=fmt, output=str(out),
+                                    tokenizer=str(run_dir), key_columns=["doc_id"]))
+        table = read_output(out)
+        by_format[fmt] = {int(k): v for k, v in zip(table.column("doc_id").to_pylist(),
+                                                    table.column("ids").to_pylist())}
+    assert by_format["json"] == by_format["parquet"] == {i: oracle(t) for i, t in enumerate(texts)}
+    # CSV through Spark's parser: a line break inside a quoted field comes back as "\n" (a
+    # "\r\n" loses its "\r") and an empty field as null (README, "Inputs")
+    csv_texts = [None if t == "" else t.replace("\r\n", "\n") for t in texts]
+    assert by_format["csv"] == {i: None if t is None else oracle(t)
+                                for i, t in enumerate(csv_texts)}
+    assert any("\r\n" in t for t in texts) and "" in texts  # (the cases above are there)
+
+    lines = _lines_of(texts)
+    (src / "text").mkdir()
+    cuts = [0, len(lines) * 2 // 5, len(lines) * 4 // 5, *range(len(lines) * 4 // 5 + 10,
+                                                               len(lines), 10), len(lines)]
+    names = ["a.txt", "b.txt", *(f"c{i:03d}.txt" for i in range(len(cuts) - 3))]
+    for name, start, end in zip(names, cuts, cuts[1:]):
+        (src / "text" / name).write_text("".join(ln + "\n" for ln in lines[start:end]),
+                                         encoding="utf-8")
+    out = tmp_path / "enc-text"
+    # the two large files in several blocks each, the small ones packed several to a task
+    settings = {"spark.sql.files.maxPartitionBytes": "16k", "spark.sql.files.openCostInBytes": "0"}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        encode_corpus(spark, Config(input=str(src / "text"), input_format="text",
+                                    output=str(out), tokenizer=str(run_dir)))
+    finally:
+        for key in settings:
+            spark.conf.unset(key)
+    table = read_output(out).sort_by([("file", "ascending"), ("block", "ascending"),
+                                      ("row", "ascending")])
+    assert table.column_names == ["file", "block", "row", "ids"]
+    keys = list(zip(*(table.column(c).to_pylist() for c in ("file", "block", "row"))))
+    blocks: dict[tuple, list[int]] = {}
+    for f, b, r in keys:
+        blocks.setdefault((f, b), []).append(r)
+    assert len(blocks) > 4  # several blocks in each file
+    assert all(rs == list(range(len(rs))) for rs in blocks.values())  # 0, 1, ... in each
+    assert table.column("ids").to_pylist() == [oracle(ln) for ln in lines]
+
+    with pytest.raises(ConfigError, match="num_partitions"):
+        encode_corpus(spark, Config(input=str(src / "text"), input_format="text",
+                                    output=str(tmp_path / "enc-text-2"),
+                                    tokenizer=str(run_dir), num_partitions=3))

@@ -55,14 +55,16 @@ def normalize_path(path: str) -> str:
     return f"{s}://{netloc}{rest}"
 
 
-def read_corpus(spark: SparkSession, path: str, text_column: str
-                ) -> tuple[DataFrame, list[str]]:
-    """One Parquet corpus as a DataFrame, and its files in corpus (path) order (the encode
-    job's input: every row gets its ids, so an unreadable file is never skipped)."""
-    cfg = Config(input=path, text_column=text_column)
-    df, files, *_ = read_source(spark, cfg, path, None, can_skip=False)
+def read_corpus(spark: SparkSession, path: str, text_column: str,
+                input_format: str = "parquet") -> tuple[DataFrame, list[str]]:
+    """One corpus (``input_format``, read as the count reads it) as a DataFrame, and its files
+    in corpus (path) order (the encode job's input: every row gets its ids, so an unreadable
+    file is never skipped)."""
+    cfg = Config(input=path, text_column=text_column, input_format=input_format)
+    df, files, *_ = read_source(spark, cfg, path, None, can_skip=False, all_columns=True)
     if not files:
-        raise ConfigError(f"config key 'input': no Parquet files under {path} (empty corpus)")
+        raise ConfigError(f"config key 'input': no {format_name(cfg)} files under {path} "
+                          "(empty corpus)")
     return df, files
 
 
@@ -331,14 +333,15 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
 
 
 def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | None,
-                can_skip: bool = True
+                can_skip: bool = True, all_columns: bool = False
                 ) -> tuple[DataFrame, list[str], Column | None, Column, Column]:
     """One source: its DataFrame, its files in path order, and the columns that order its
     rows: (file path, block, row) = (the row's file, 0, row index in the file) for Parquet;
     (the row's file, split start, None: numbered in the task) for other file formats; (the
     one name, Spark partition, None) for a DataFrame or a table without files; (None, Spark
     partition, None) for a view over files, which has no file metadata. ``can_skip``: the
-    job takes ``--ignore-corrupt-files`` (for the message)."""
+    job takes ``--ignore-corrupt-files`` (for the message); ``all_columns``: JSON lines are
+    read with every column of the first file's schema, not only the text."""
     what = "config key 'input_table'" if cfg.input_table else "config key 'input'"
     try:
         if frame is not None:
@@ -353,7 +356,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         elif cfg.input_format == "text":
             df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
         elif cfg.input_format == "json":
-            df = _read_json(spark, cfg, name)
+            df = _read_json(spark, cfg, name, all_columns)
         else:
             df = spark.read.format(cfg.input_format).load(name)
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
@@ -508,11 +511,13 @@ def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list
 JSON_OPTIONS = {"mode": "FAILFAST", "maxStringLen": str(2**31 - 1)}
 
 
-def _read_json(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
-    """JSON lines with a schema of the text column alone, taken from the first file: left to
-    itself Spark infers the schema from every row of every file, one more full pass over the
-    corpus before the count's. (Without the column in the first file, that file's frame is
-    returned, for check_text_column to name its columns.)"""
+def _read_json(spark: SparkSession, cfg: Config, name: str, all_columns: bool = False
+               ) -> DataFrame:
+    """JSON lines with a schema of the text column alone (``all_columns``: every column, for
+    the encode job's keys), taken from the first file: left to itself Spark infers the schema
+    from every row of every file, one more full pass over the corpus before the count's.
+    (Without the column in the first file, that file's frame is returned, for
+    check_text_column to name its columns.)"""
     column = cfg.text_column
     files = sorted(spark.read.schema(T.StructType([T.StructField(column, T.StringType())]))
                    .json(name).inputFiles())
@@ -523,8 +528,8 @@ def _read_json(spark: SparkSession, cfg: Config, name: str) -> DataFrame:
     first = spark.read.option("maxStringLen", JSON_OPTIONS["maxStringLen"]).json(files[0])
     if column not in first.columns:
         return first
-    return spark.read.options(**JSON_OPTIONS).schema(T.StructType([first.schema[column]])) \
-        .json(name)
+    schema = first.schema if all_columns else T.StructType([first.schema[column]])
+    return spark.read.options(**JSON_OPTIONS).schema(schema).json(name)
 
 
 def _reason(exc: Exception) -> str:
