@@ -566,7 +566,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
     try:
         stats = _encode_into(spark, cfg, plan, source, tmp, progress)
     except Exception as exc:
-        unreadable = unreadable_file_error(exc, can_skip=False)
+        unreadable = unreadable_file_error(exc, can_skip=False, kind=format_name(cfg))
         if unreadable is None:
             raise
         fsutil.delete(spark, tmp)  # nothing half-written
@@ -634,6 +634,7 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) ->
             raise ConfigError(f"config key 'key_columns': {k!r} is the text column")
     if not keys:
         keys = [c for c in columns if c != cfg.text_column]
+    numbered = False  # keys (file, block, row), row numbered in the tasks
     if keys:
         extra = [F.col(k) for k in keys]
     elif frame is not None:  # no files: Spark's row ids (partition, then row within it)
@@ -644,10 +645,9 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) ->
         extra = [F.col("_metadata.file_path").alias("file"),
                  F.col("_metadata.row_index").alias("row")]
     else:  # no row index in Spark's other readers: the tasks number each block's rows
-        keys = list(BLOCK_KEYS)
+        keys, numbered = list(BLOCK_KEYS), True
         extra = [F.col("_metadata.file_path").alias("file"),
                  F.col("_metadata.file_block_start").alias("block")]
-    numbered = keys == list(BLOCK_KEYS) and not cfg.key_columns
     src = functools.reduce(DataFrame.unionByName,
                            [f.select(F.col(cfg.text_column), *extra) for f in frames])
     if cfg.ids_column in keys:
@@ -657,9 +657,10 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) ->
         if cfg.num_partitions:
             raise ConfigError(
                 f"config key 'num_partitions': a {format_name(cfg)} input whose only column is "
-                "the text is keyed (file, block, row), its rows numbered as the files are "
+                "the text is keyed (file, block, row), its rows numbered as its files are "
                 "read, so it cannot be repartitioned first; leave num_partitions at 0 (Spark "
-                "splits large files itself), or name key columns (--key-columns)")
+                "reads each block of a file, or each file it cannot split, in a task of its "
+                "own)")
         return _Source(src, keys, rows, numbered=True)
     if cfg.num_partitions:
         src = src.repartition(cfg.num_partitions)

@@ -206,12 +206,19 @@ class Lease:
         """Stop renewing and delete the file. A renewal being written (its fsync slow on a busy
         disk) is waited for first: written after the delete, it would leave a lease behind."""
         self._stop.set()
-        if not self._renewing.acquire(timeout=RELEASE_WAIT_SECONDS):
-            log.warning("the lease %s is still being renewed after %g s; it is left to go "
-                        "stale (lease_timeout_seconds = %g)", self.path, RELEASE_WAIT_SECONDS,
-                        self.timeout)
-            return
-        self._renewing.release()
+        try:
+            if not self._renewing.acquire(timeout=RELEASE_WAIT_SECONDS):
+                log.warning("the lease %s is still being renewed after %g s; it is left to go "
+                            "stale (lease_timeout_seconds = %g)", self.path,
+                            RELEASE_WAIT_SECONDS, self.timeout)
+                return
+            self._renewing.release()
+        except BaseException:  # a second SIGTERM while waiting: remove the lease all the same
+            self._delete_if_mine()
+            raise
+        self._delete_if_mine()
+
+    def _delete_if_mine(self) -> None:
         if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
             try:
                 fsutil.delete(self.spark, self.path)

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -434,7 +435,8 @@ def test_json_csv_and_text_inputs_encode_row_for_row(spark, run_dir, tmp_path):
     blocks: dict[tuple, list[int]] = {}
     for f, b, r in keys:
         blocks.setdefault((f, b), []).append(r)
-    assert len(blocks) > 4  # several blocks in each file
+    per_file = Counter(f.rsplit("/", 1)[-1] for f, _ in blocks)
+    assert per_file["a.txt"] >= 2 and per_file["b.txt"] >= 2, per_file  # split in blocks
     assert all(rs == list(range(len(rs))) for rs in blocks.values())  # 0, 1, ... in each
     assert table.column("ids").to_pylist() == [oracle(ln) for ln in lines]
 
@@ -442,3 +444,25 @@ def test_json_csv_and_text_inputs_encode_row_for_row(spark, run_dir, tmp_path):
         encode_corpus(spark, Config(input=str(src / "text"), input_format="text",
                                     output=str(tmp_path / "enc-text-2"),
                                     tokenizer=str(run_dir), num_partitions=3))
+
+    # JSON lines whose only field is the text: keyed and numbered as text files are
+    (src / "json-text").mkdir()
+    with open(src / "json-text" / "part-0.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    out = tmp_path / "enc-json-text"
+    encode_corpus(spark, Config(input=str(src / "json-text"), input_format="json",
+                                output=str(out), tokenizer=str(run_dir)))
+    table = read_output(out).sort_by([("block", "ascending"), ("row", "ascending")])
+    assert table.column_names == ["file", "block", "row", "ids"]
+    assert table.column("ids").to_pylist() == [oracle(t) for t in texts]
+
+    # input columns that happen to be named file, block and row are key columns like any
+    (src / "named").mkdir()
+    pq.write_table(pa.table({"file": ["x"] * 3, "block": [0] * 3, "row": [5, 6, 7],
+                             "text": texts[:3]}), src / "named" / "part-0.parquet")
+    out = tmp_path / "enc-named"
+    encode_corpus(spark, Config(input=str(src / "named"), output=str(out),
+                                tokenizer=str(run_dir)))
+    table = read_output(out).sort_by("row")
+    assert table.column("row").to_pylist() == [5, 6, 7]
+    assert table.column("ids").to_pylist() == [oracle(t) for t in texts[:3]]

@@ -604,9 +604,10 @@ def unreadable_file_error(exc: BaseException, can_skip: bool = True,
     if m and "MALFORMED_RECORD_IN_PARSING" in text:  # JSON read in FAILFAST mode
         parser = re.search(r"Caused by: com\.fasterxml\.[\w.$]+: ([^\n(]+)", text)
         why = "a malformed record" + (f": {parser.group(1).strip()}" if parser else "")
+        skip = (" (--ignore-corrupt-files skips files that cannot be opened, not malformed "
+                "records)" if can_skip else "")
         return ConfigError(f"config key 'input': {m.group(2)} is not a readable {kind} file "
-                           f"({why}); fix or remove it (--ignore-corrupt-files skips files "
-                           "that cannot be opened, not malformed records)")
+                           f"({why}); fix or remove it{skip}")
     if m:
         cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
                  or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
