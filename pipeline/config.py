@@ -147,6 +147,11 @@ class Config:
                                ("error", "special", "text"))
     encode_engine: str = opt("auto", "auto: tiktoken when installed on the executors",
                              (ENCODE,), ("auto", "tiktoken", "reference"))
+    encode_io: str = opt("auto", "auto: local Parquet read and the ids written by pyarrow "
+                                 "in the tasks (where the output is certain to be Spark's), "
+                                 "else Spark's scan and writer; spark: always Spark's; arrow: "
+                                 "pyarrow only (else an error saying why)", (ENCODE,),
+                         ("auto", "spark", "arrow"))
 
     # -- derived ---------------------------------------------------------------------------------
     def pretokenizer_spec(self) -> PretokenizerSpec:

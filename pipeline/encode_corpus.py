@@ -12,8 +12,12 @@ statistics: rows, bytes, tokens, bytes per token, tokens per word (words: whites
 Python's ``str.split``), seconds, and rows the tiktoken engine left to the reference encoder.
 
 How: the tokenizer (merge list, and tiktoken's ranks when that engine is used) is broadcast
-once; rows reach Python in Arrow batches (``mapInArrow``); each Python worker builds its
-encoder once and keeps it across tasks. The hot loop is tiktoken built from the run's own
+once; each Python worker builds its encoder once and keeps it across tasks. Rows reach Python
+one of two ways (``encode_io``): a local Parquet corpus with a local output is read and written
+by pyarrow inside the tasks (:mod:`pipeline.encode_local`, which says when it applies); any
+other input reaches Python in Arrow batches (``mapInArrow``) and Spark's writer writes the ids,
+while a background job starts the workers and builds the encoder in them as the driver plans
+the read. The hot loop is tiktoken built from the run's own
 export (``encode_engine = tiktoken``, the default when it is installed), which the parity tests
 hold to the reference :class:`pipeline.encoder.Tokenizer` (``encode_engine = reference``, also
 used for rows of a binary text column that are not valid UTF-8, which tiktoken cannot take
@@ -31,9 +35,10 @@ Partitions follow the input files (``num_partitions`` to force a count); an inpu
 reads as fewer partitions than cores, such as one file with one row group, is spread over the
 cores unless it is too small to be worth a shuffle.
 
-Cost (``scripts/bench_encode.py``, BENCHMARKS.md): a fresh job pays a fixed few seconds for
-Python workers and JIT; after that, the plumbing (reading the text, Arrow both ways, writing
-Parquet) costs 0.4-1.1x the CPU of the encoding itself on the benchmark inputs.
+Cost (``scripts/bench_encode.py``, BENCHMARKS.md): a fresh application's first job pays about
+1.5-2 s to start the Python workers; after that, on the pyarrow path, the tasks' time is
+mostly the encoding itself (the stage's tokens/s 0.68x of single-thread tiktoken x 2 cores on
+en-docs).
 """
 
 from __future__ import annotations
@@ -43,15 +48,18 @@ import itertools
 import json
 import logging
 import re
+import threading
 import time
 import unicodedata
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import Broadcast
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -78,7 +86,16 @@ from pipeline.pretokenize import (
     text_values,
 )
 from pipeline.progress import Progress
-from pipeline.spark_session import PerTask, TaskCounts, job_group, read_progress
+from pipeline.spark_session import (
+    PerTask,
+    TaskCounts,
+    job_group,
+    read_progress,
+    warm_python_workers,
+)
+
+if TYPE_CHECKING:
+    from pipeline.encode_local import LocalEncode
 
 log = logging.getLogger(__name__)
 
@@ -546,8 +563,11 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
         progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
         with progress.stage("prepare"):  # (listing a lake's files and reading their footers)
             plan = load_plan(spark, cfg)
-            source = _source(spark, cfg, frame)
-        summary = _encode_and_publish(spark, cfg, plan, source, t0, lease, progress)
+            source = _source(spark, cfg, plan, frame)
+        try:
+            summary = _encode_and_publish(spark, cfg, plan, source, t0, lease, progress)
+        finally:
+            source.close()
     stats = summary["stats"]
     log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
              "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],
@@ -560,9 +580,9 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
     """Encode into a staging directory and move it into place with its ``_encode.json``
     (unless another job took the output's lease meanwhile); returns that summary."""
     tmp = fsutil.staging_dir(spark, cfg.output, STATS_FILE)
-    log.info("encoding %s with %s (%s engine, %d merges) -> %s", cfg.input or "a DataFrame",
-             cfg.tokenizer,
-             plan.engine, len(plan.meta["merges"]), cfg.output)
+    log.info("encoding %s with %s (%s engine, %d merges; %s) -> %s",
+             cfg.input or "a DataFrame", cfg.tokenizer, plan.engine, len(plan.meta["merges"]),
+             source.how(), cfg.output)
     try:
         stats = _encode_into(spark, cfg, plan, source, tmp, progress)
     except Exception as exc:
@@ -574,6 +594,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
     fsutil.check_before_publish(spark, lease.check, tmp, cfg.output)
     stats["seconds_total"] = round(time.time() - t0, 3)
     stats["engine"] = plan.engine
+    stats["io"] = "spark" if source.local is None else "arrow"
     summary = {"format": "spark-bpe encoded corpus", "version": 1,
                "input": cfg.input or "a DataFrame",
                "tokenizer": cfg.tokenizer, "text_column": cfg.text_column,
@@ -613,13 +634,53 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
 
 @dataclass
 class _Source:
-    df: DataFrame  # the text and the key columns (but ``row`` when the tasks number rows)
+    """What the encode reads: Spark's rows (``df``), or the pyarrow path's tasks (``local``);
+    the plan broadcast to the tasks, and a job warming their Python workers meanwhile."""
+
+    df: DataFrame | None  # the text and the key columns (but ``row`` when the tasks number it)
     keys: list[str]
     rows: int | None  # when known before reading (local Parquet footers): the heartbeat's ETA
+    bc: Broadcast
     numbered: bool = False  # keys (file, block, row): row numbered in the tasks (not Parquet)
+    local: LocalEncode | None = None
+    why_spark: str = ""  # why Spark's path reads it
+    warming: threading.Thread | None = None
+
+    def how(self) -> str:
+        return ("pyarrow in the tasks" if self.local is not None
+                else f"Spark's reader and writer: {self.why_spark}")
+
+    def close(self) -> None:
+        if self.warming is not None:
+            self.warming.join(60)  # (a job still running when Spark stops logs errors)
+        self.bc.unpersist()
 
 
-def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> _Source:
+def _source(spark: SparkSession, cfg: Config, plan: EncodePlan,
+            frame: DataFrame | None = None) -> _Source:
+    """The pyarrow path's tasks where it can take the input (:mod:`pipeline.encode_local`),
+    else Spark's rows, while the encoders are built in the workers."""
+    from pipeline.encode_local import plan_local_encode
+
+    local, why = plan_local_encode(spark, cfg) if frame is None else (None, "a DataFrame")
+    bc = spark.sparkContext.broadcast(plan)
+    if local is not None:
+        return _Source(None, local.keys, local.rows, bc, local=local)
+    # Spark's path: its Python workers start, and build the encoder, while the read is planned
+    warming = warm_python_workers(spark, lambda: worker_encoder(bc.value),
+                                  "spark-bpe-warm-encoders")
+    try:
+        source = _spark_source(spark, cfg, bc, frame)
+    except BaseException:
+        warming.join(60)
+        bc.unpersist()
+        raise
+    source.why_spark, source.warming = why, warming
+    return source
+
+
+def _spark_source(spark: SparkSession, cfg: Config, bc: Broadcast,
+                  frame: DataFrame | None = None) -> _Source:
     """The text and the key columns to carry (default: every other column; when the text is
     the only one, the input file and row, or for a DataFrame a row id), spread over the cores
     when the input is one large partition."""
@@ -661,7 +722,7 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) ->
                 "read, so it cannot be repartitioned first; leave num_partitions at 0 (Spark "
                 "reads each block of a file, or each file it cannot split, in a task of its "
                 "own)")
-        return _Source(src, keys, rows, numbered=True)
+        return _Source(src, keys, rows, bc, numbered=True)
     if cfg.num_partitions:
         src = src.repartition(cfg.num_partitions)
     else:  # one file with one row group is one partition: share it out, unless it is tiny
@@ -669,33 +730,28 @@ def _source(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) ->
         if (src.rdd.getNumPartitions() < cores
                 and sum(_scan_bytes(f) or 0 for f in frames) >= REPARTITION_MIN_BYTES):
             src = src.repartition(cores)
-    return _Source(src, keys, rows)
+    return _Source(src, keys, rows, bc)
 
 
 def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _Source,
                  tmp: str, progress: Progress) -> dict:
     """Run the encode (tasks with heartbeats) into ``tmp``; returns the statistics."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from pipeline.encode_local import encode_local
 
-    src, keys = source.df, source.keys
-    carried = [src.schema[k] for k in keys if k in src.columns]
-    if source.numbered:  # the row number the tasks add
-        carried.append(T.StructField("row", T.LongType(), False))
-    out_struct = T.StructType(carried + [
-        T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
     sc = spark.sparkContext
-    bc = sc.broadcast(plan)
     acc = sc.accumulator({}, PerTask())
     counts = TaskCounts.create(sc)
     counts.total_rows = source.rows
-    encoded = src.mapInArrow(_encode_fn(bc, acc, to_arrow_schema(out_struct), counts,
-                                        source.numbered), out_struct)
     t_enc = time.time()
     try:
         with job_group(sc, "encode") as group, progress.stage(
                 "encode", unit="tasks", poll=read_progress(sc, group, counts)):
             counts.begin("")  # the reading (and encoding) starts: its tasks out of all
-            encoded.write.option("compression", OUTPUT_COMPRESSION).parquet(tmp)
+            if source.local is not None:
+                encode_local(spark, source.local, source.bc, acc, counts, tmp)
+            else:
+                _spark_encode(cfg, source, acc, counts).write.option(
+                    "compression", OUTPUT_COMPRESSION).parquet(tmp)
     except Exception as exc:
         fsutil.delete(spark, tmp)
         msg = _row_error(exc)
@@ -704,7 +760,6 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
             raise ConfigError(f"config key '{key}': {msg}") from None
         raise
     finally:
-        bc.unpersist()
         counts.close()
     stats = summarize(acc.value, time.time() - t_enc)
     if stats["partitions_without_tiktoken"]:
@@ -716,6 +771,20 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
                  "(%d raised; see the executor logs)", stats["rows_via_reference"],
                  stats["tiktoken_errors"])
     return stats
+
+
+def _spark_encode(cfg: Config, source: _Source, acc, counts: TaskCounts) -> DataFrame:
+    """Spark's path: the encoded rows, to be written by Spark's Parquet writer."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    src, keys = source.df, source.keys
+    carried = [src.schema[k] for k in keys if k in src.columns]
+    if source.numbered:  # the row number the tasks add
+        carried.append(T.StructField("row", T.LongType(), False))
+    out_struct = T.StructType(carried + [
+        T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
+    return src.mapInArrow(_encode_fn(source.bc, acc, to_arrow_schema(out_struct), counts,
+                                     source.numbered), out_struct)
 
 
 def _n_vocab(meta: dict) -> int:

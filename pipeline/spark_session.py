@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark import Accumulator, AccumulatorParam, SparkContext
 from pyspark.sql import SparkSession
 
@@ -527,3 +528,26 @@ def task_progress(sc: SparkContext, group: str,
         return out
 
     return poll
+
+
+def warm_python_workers(spark: SparkSession, prepare: Callable[[], object],
+                        name: str) -> threading.Thread:
+    """Start the executors' Python workers of ``mapInArrow`` (reused by later jobs) and call
+    ``prepare`` in each (compile a pattern, build an encoder), in a background job while the
+    driver does other work: in a fresh application that start-up takes seconds. Never fails:
+    it is only an optimisation (join the thread before stopping Spark)."""
+
+    def warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        prepare()
+        for b in batches:
+            yield pa.RecordBatch.from_pydict({"n": pa.array([b.num_rows], pa.int64())})
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            n = spark.sparkContext.defaultParallelism
+            spark.range(0, n, numPartitions=n).mapInArrow(warm, "n long").collect()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+

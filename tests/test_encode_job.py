@@ -55,8 +55,8 @@ def held_out(tmp_path_factory) -> Path:
     half = n // 2
     table = pa.table({"doc_id": pa.array(range(n), pa.int64()), "text": texts,
                       "lang": ["x"] * n})
-    pq.write_table(table.slice(0, half), d / "part-0.parquet")
-    pq.write_table(table.slice(half), d / "part-1.parquet")
+    pq.write_table(table.slice(0, half), d / "part-0.parquet", row_group_size=8)
+    pq.write_table(table.slice(half), d / "part-1.parquet", row_group_size=8)
     return d
 
 
@@ -91,13 +91,15 @@ def read_output(path: Path) -> pa.Table:
     return pq.read_table(path)  # pyarrow skips _encode.json and _SUCCESS
 
 
-@pytest.mark.parametrize("engine", ["tiktoken", "reference"])
+@pytest.mark.parametrize("engine,io", [("tiktoken", "arrow"), ("tiktoken", "spark"),
+                                       ("reference", "arrow")])
 def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out, tmp_path,
-                                                        engine, caplog):
-    """... and the stage's heartbeats (issue 14) say how many tasks, rows and bytes are done."""
+                                                        engine, io, caplog):
+    """... through either reader and writer (pyarrow in the tasks, or Spark's), and the
+    stage's heartbeats (issue 14) say how many tasks, rows and bytes are done."""
     out = tmp_path / "enc"
     cfg = Config(input=str(held_out), tokenizer=str(run_dir), output=str(out),
-                 encode_engine=engine, num_partitions=3, heartbeat_seconds=0.05)
+                 encode_engine=engine, encode_io=io, num_partitions=3, heartbeat_seconds=0.05)
     caplog.set_level(logging.INFO, logger="pipeline.progress")
     res = encode_corpus(spark, cfg)
     table = read_output(out)
@@ -124,7 +126,7 @@ def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out
         len(src["text"]), 1, n_bytes, n_tokens, n_words)
     assert st["bytes_per_token"] == round(n_bytes / n_tokens, 4)
     assert st["tokens_per_word"] == round(n_tokens / n_words, 4)
-    assert st["engine"] == engine and st["partitions"] == 3
+    assert st["engine"] == engine and st["io"] == io and st["partitions"] == 3
     on_disk = json.loads((out / "_encode.json").read_text())
     assert on_disk["stats"] == st and on_disk["tokenizer"] == str(run_dir)
     beats = [r.getMessage() for r in caplog.records if r.name == "pipeline.progress"
@@ -307,6 +309,120 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
     shutil.rmtree(tmp_path / "categorical-ids")
     assert not Path(out).exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("o")]  # no staging left
+
+
+def _odd_corpus(d: Path, texts: list[str | None], keyed: bool) -> Path:
+    """Files whose names Spark percent-encodes, several row groups each, a null text; with
+    ``keyed``, key columns of every type the pyarrow path carries (nulls among them)."""
+    d.mkdir()
+    n = len(texts)
+    for i, name in enumerate(["a b#1%.parquet", "é+x.parquet", "plain.parquet"]):
+        part = texts[i::3]
+        cols: dict = {"text": pa.array(part, pa.string())}
+        if keyed:
+            m = len(part)
+            cols = {"i8": pa.array([j % 100 for j in range(m)], pa.int8()),
+                    **cols,
+                    "i16": pa.array(range(m), pa.int16()), "i32": pa.array(range(m), pa.int32()),
+                    "id": pa.array([i * n + j for j in range(m)], pa.int64()),
+                    "f32": pa.array([j / 4 for j in range(m)], pa.float32()),
+                    "f64": pa.array([None if j == 1 else j / 3 for j in range(m)]),
+                    "ok": pa.array([j % 2 == 0 for j in range(m)]),
+                    "name": pa.array([None if j == 2 else f"n{j}" for j in range(m)]),
+                    "raw": pa.array([bytes([j % 256, 255]) for j in range(m)], pa.binary())}
+        pq.write_table(pa.table(cols), d / name, row_group_size=4)
+    return d
+
+
+def test_pyarrow_path_writes_what_sparks_path_writes(spark, run_dir, tmp_path, caplog):
+    """``encode_io = arrow`` (pyarrow reads and writes in the tasks) and ``spark`` (Spark's scan
+    and writer) give the same output, read back by Spark: columns, types, and every row, with
+    Spark's spelling of odd file names in the ``file`` key. Where the pyarrow path cannot be
+    sure of that, ``auto`` takes Spark's path and says why; ``arrow`` is then an error."""
+    from chispa import assert_df_equality
+
+    texts = rows_of(EN_DOCS, "part-00003.parquet", 20_000) + EDGE_ROWS + [None]
+    for keyed in (False, True):
+        src = _odd_corpus(tmp_path / f"src-{keyed}", texts, keyed)
+        frames, stats = {}, {}
+        for io in ("arrow", "spark"):
+            out = tmp_path / f"out-{keyed}-{io}"
+            res = encode_corpus(spark, Config(input=str(src), tokenizer=str(run_dir),
+                                              output=str(out), encode_io=io))
+            stats[io] = res.stats["stats"]
+            frames[io] = spark.read.parquet(str(out))
+        assert stats["arrow"]["io"] == "arrow" and stats["spark"]["io"] == "spark"
+        for k in ("rows", "null_rows", "bytes", "words", "tokens"):
+            assert stats["arrow"][k] == stats["spark"][k], k
+        assert frames["arrow"].schema == frames["spark"].schema
+        arrow_schemas = {io: read_output(tmp_path / f"out-{keyed}-{io}").schema.remove_metadata()
+                         for io in ("arrow", "spark")}  # nullability too, which Spark drops
+        assert arrow_schemas["arrow"] == arrow_schemas["spark"], arrow_schemas
+        assert_df_equality(frames["arrow"], frames["spark"], ignore_row_order=True)
+        if not keyed:
+            files = {r.file for r in frames["arrow"].select("file").collect()}
+            assert "file:" + str(src).replace(" ", "%20") + "/a%20b%231%25.parquet" in files
+            assert frames["arrow"].count() == len(texts)
+        done = sorted(p.name for p in (tmp_path / f"out-{keyed}-arrow").iterdir())
+        assert "_SUCCESS" in done and not [n for n in done if n.startswith("_attempt")]
+    # a key column pyarrow and Spark would type differently: auto takes Spark's path
+    stamped = tmp_path / "stamped"
+    stamped.mkdir()
+    pq.write_table(pa.table({"text": ["a row", "another"],
+                             "at": pa.array([1, 2], pa.timestamp("ms"))}), stamped / "p.parquet")
+    caplog.set_level(logging.INFO, logger="pipeline.encode_corpus")
+    res = encode_corpus(spark, Config(input=str(stamped), tokenizer=str(run_dir),
+                                      output=str(tmp_path / "stamped-out")))
+    assert res.stats["stats"]["io"] == "spark"
+    assert any("Spark's reader and writer: key columns of types Spark converts (at)"
+               in r.getMessage() for r in caplog.records)
+    for kwargs, why in ((dict(input=str(stamped)), "key columns of types Spark converts"),
+                        (dict(input=str(src), input_format="json"), "the input is json")):
+        with pytest.raises(ConfigError, match=f"^config key 'encode_io' = 'arrow'.*{why}.*"
+                                              "use 'auto' or 'spark'$"):
+            encode_corpus(spark, Config(**kwargs, tokenizer=str(run_dir), encode_io="arrow",
+                                        output=str(tmp_path / "never")))
+    assert not (tmp_path / "never").exists()
+
+
+def test_pyarrow_path_names_a_file_whose_pages_are_corrupt(spark, run_dir, tmp_path):
+    """A file whose footer reads but whose data does not fails the task; the job ends with one
+    line naming the file, and nothing is written."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"text": ["good row"] * 20}), src / "a.parquet")
+    pq.write_table(pa.table({"text": [f"row {i} " * 50 for i in range(2000)]}),
+                   src / "b.parquet", compression="zstd")
+    data = bytearray((src / "b.parquet").read_bytes())
+    data[100:5000] = b"\xff" * 4900  # the first page, not the footer
+    (src / "b.parquet").write_bytes(bytes(data))
+    pq.read_metadata(src / "b.parquet")  # (the footer still reads)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"b\.parquet is not a readable Parquet file") as err:
+        encode_corpus(spark, Config(input=str(src), tokenizer=str(run_dir), output=str(out),
+                                    encode_io="arrow"))
+    assert "\n" not in str(err.value)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_pyarrow_path_reads_long_rows_a_few_at_a_time(tmp_path):
+    """A batch's ids are Python lists until encoded (~36 bytes a token): rows of 1 MB come a
+    few at a time, short rows ``BATCH_ROWS`` at a time, and every row once, in order."""
+    from pipeline.count.corpus import plan_slices
+    from pipeline.encode_local import BATCH_BYTES, BATCH_ROWS, _read
+
+    for size, rows in ((1 << 20, 40), (50, 5000)):
+        path = tmp_path / f"rows-{size}.parquet"
+        pq.write_table(pa.table({"text": [f"{i:08d}" + "x" * (size - 8) for i in range(rows)]}),
+                       path, row_group_size=rows // 2)
+        (task,) = plan_slices([str(path)], "text", 1)
+        seen = []
+        for s in task:
+            for first, batch in _read(s, ["text"]):
+                assert batch.num_rows <= min(BATCH_ROWS, max(1, 2 * BATCH_BYTES // size))
+                seen += [(first + i, int(t[:8])) for i, t in
+                         enumerate(batch.column(0).to_pylist())]
+        assert seen == [(i, i) for i in range(rows)]
 
 
 def run_encode_job(*args: str) -> subprocess.CompletedProcess:

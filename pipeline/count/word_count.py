@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -91,6 +90,7 @@ from pipeline.spark_session import (
     job_group,
     read_progress,
     start_session,
+    warm_python_workers,
 )
 
 log = logging.getLogger(__name__)
@@ -243,26 +243,6 @@ def _run_ends(values: pa.Array) -> list[int]:
         return []
     ree = pc.run_end_encode(values)
     return ree.run_ends.to_pylist()
-
-
-def _warm_workers(spark: SparkSession, spec: PretokenizerSpec) -> threading.Thread:
-    """Start the executors' Python workers (and compile the split pattern in them) in a
-    background job while the driver lists and plans the corpus: in a fresh application that
-    start-up takes seconds, and the counting job reuses the workers."""
-
-    def warm(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        Pretokenizer(spec)
-        for b in batches:
-            yield pa.RecordBatch.from_pydict({"n": pa.array([b.num_rows], pa.int64())})
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # only an optimisation: never fail the stage
-            n = spark.sparkContext.defaultParallelism
-            spark.range(0, n, numPartitions=n).mapInArrow(warm, "n long").collect()
-
-    thread = threading.Thread(target=run, name="spark-bpe-warm-workers", daemon=True)
-    thread.start()
-    return thread
 
 
 def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
@@ -463,7 +443,9 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
     warming = None
     if plan is None:  # Spark's reader: start the Python workers while Spark plans the scan
         start_session(spark)
-        warming = _warm_workers(spark, job.spec)
+        spec = job.spec
+        warming = warm_python_workers(spark, lambda: Pretokenizer(spec),
+                                      "spark-bpe-warm-workers")
         try:
             corpus = read_sources(spark, cfg, frame)
             if frame is None and cfg.input_format == "parquet" and not cfg.input_table:

@@ -1,0 +1,247 @@
+"""The encode job's path for local Parquet: pyarrow reads the rows and writes the ids inside the
+Spark tasks, which Spark only schedules (``encode_io = auto`` or ``arrow``).
+
+Why: on Spark's path (``mapInArrow`` over Spark's Parquet scan, Spark's Parquet writer) the
+text goes JVM -> Arrow -> Python and the ids Python -> Arrow -> JVM rows -> Parquet, and a fresh
+application's first SQL job pays seconds of planning and JIT; for a corpus of a few hundred MB
+that plumbing cost more than the encoding (BENCHMARKS.md). Here a task reads its row groups
+with pyarrow, encodes them with the same :func:`pipeline.encode_corpus.encode_batch` and
+writes one zstd Parquet file, so the only JVM work is scheduling.
+
+The output is the one Spark's path writes, read back by Spark or pyarrow: the same columns,
+types and nullability (keys: ``file`` as Spark's ``_metadata.file_path`` spells it, and
+``row``, the row's index in its file; or the input's own key columns), one row per input row.
+Only where that is certain is this path taken; anything else goes to Spark's path (the reason
+logged): files Spark would list differently (globs, nested or partitioned directories), files
+whose schemas differ, key columns of types other than integers, floats, booleans, strings and
+binary, a column Spark would resolve case-insensitively, ``num_partitions`` above the row
+groups, or a large input in fewer row groups than cores (Spark's path shares such a file out).
+
+Tasks: the row groups dealt to ``num_partitions`` tasks (default two per core, more for a big
+input: about ``TASK_BYTES`` each), largest first, each task's in corpus order. A task writes
+``_attempt-*`` under the staging directory and renames it to ``part-NNNNN-<job>-c000.zstd
+.parquet`` when done, so a retried or speculative attempt replaces a whole file, never half of
+one; ``_SUCCESS`` is written last, as Spark's committer does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark import Accumulator, Broadcast
+from pyspark.sql import SparkSession
+
+from pipeline import fsutil
+from pipeline.config import Config, ConfigError
+from pipeline.count.corpus import (
+    UNREADABLE,
+    ReadSlice,
+    first_line,
+    list_local_corpus,
+    plan_slices,
+)
+from pipeline.encode_corpus import (
+    AUTO_KEYS,
+    OUTPUT_COMPRESSION,
+    REPARTITION_MIN_BYTES,
+    STAT_KEYS,
+    EncodePlan,
+    encode_batch,
+    worker_encoder,
+)
+from pipeline.spark_session import TaskCounts
+
+log = logging.getLogger(__name__)
+
+TASK_BYTES = 256 << 20  # input (on disk) per task when a corpus needs more than 2 per core
+BATCH_ROWS = 1024  # rows read and encoded at a time, at most ...
+BATCH_BYTES = 8 << 20  # ... and about this much text (the row groups' mean row size): the
+# ids of a batch are Python lists until it is encoded, ~36 bytes per token, ~70 MB here
+ROW_GROUP_IDS = 8 << 20  # ids per output row group (32 MB as int32)
+# key column types that Spark reads and writes as the same Arrow type (anything else: Spark)
+_PLAIN_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(),
+                pa.bool_(), pa.string(), pa.binary())
+_TEXT_TYPES = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+IDS_TYPE = pa.list_(pa.field("element", pa.int32(), False))  # Spark's array<int> (no nulls)
+
+
+@dataclass
+class LocalEncode:
+    """What the tasks of the pyarrow path need."""
+
+    slices: list[list[ReadSlice]]  # per task
+    spellings: list[str]  # per file index: Spark's ``_metadata.file_path`` of the file
+    keys: list[str]
+    columns: list[str]  # read from each file: the text, then the key columns it has
+    schema: pa.Schema  # of the output: the keys, then the ids
+    rows: int
+
+
+def plan_local_encode(spark: SparkSession, cfg: Config) -> tuple[LocalEncode | None, str]:
+    """The pyarrow path's tasks for this encode, or (None, why Spark's path encodes it)."""
+    if cfg.encode_io == "spark":
+        return None, "encode_io = spark"
+    why = _not_local(cfg)
+    if why:
+        if cfg.encode_io == "arrow":
+            raise ConfigError(f"config key 'encode_io' = 'arrow' reads and writes local "
+                              f"Parquet only: {why}; use 'auto' or 'spark'")
+        return None, why
+    plan, why = _plan(spark, cfg)
+    if plan is None and cfg.encode_io == "arrow":
+        raise ConfigError(f"config key 'encode_io' = 'arrow': {why}; use 'auto' or 'spark'")
+    return plan, why
+
+
+def _not_local(cfg: Config) -> str:
+    if cfg.input_format != "parquet":
+        return f"the input is {cfg.input_format}, not Parquet"
+    if not all(fsutil.is_local(p) for p in [*cfg.inputs, cfg.output]):
+        return "the input or the output is not on the local filesystem"
+    return ""
+
+
+def _plan(spark: SparkSession, cfg: Config) -> tuple[LocalEncode | None, str]:
+    footers: dict[str, pq.FileMetaData] = {}
+    files: list[str] = []
+    for path in cfg.inputs:
+        skipped: list[str] = []
+        try:
+            listed = list_local_corpus(path, cfg.text_column, footers, skipped)
+        except ConfigError:  # (no readable file: Spark's path says so in the encode's words)
+            listed = None
+        if listed is None or skipped:
+            return None, (f"{path} is not a file or a directory of files with a text column "
+                          f"{cfg.text_column!r}, or some of its files are unreadable")
+        files += listed
+    schemas = [footers[f].schema.to_arrow_schema() for f in files]
+    first = schemas[0]
+    if any(not s.equals(first) for s in schemas[1:]):
+        return None, "the files' schemas differ"
+    names = first.names
+    if len({n.lower() for n in names}) < len(names) or len(set(names)) < len(names):
+        return None, "column names that differ only in case"
+    keys = list(cfg.key_columns) or [n for n in names if n != cfg.text_column]
+    if any(k not in names or k == cfg.text_column for k in keys) or cfg.ids_column in keys:
+        return None, "the key columns are not the files' (Spark's path says which)"
+    if first.field(cfg.text_column).type not in _TEXT_TYPES:
+        return None, f"column {cfg.text_column!r} is {first.field(cfg.text_column).type}"
+    odd = [k for k in keys if first.field(k).type not in _PLAIN_TYPES]
+    if odd:
+        return None, f"key columns of types Spark converts ({', '.join(odd)})"
+    groups = sum(footers[f].num_row_groups for f in files)
+    nbytes = sum(footers[f].row_group(i).total_byte_size
+                 for f in files for i in range(footers[f].num_row_groups))
+    cores = spark.sparkContext.defaultParallelism
+    if cfg.num_partitions > groups:
+        return None, f"num_partitions = {cfg.num_partitions} is more than the {groups} row groups"
+    if not cfg.num_partitions and groups < cores and nbytes >= REPARTITION_MIN_BYTES:
+        return None, f"{groups} row groups for {cores} cores (Spark's path shares them out)"
+    tasks = cfg.num_partitions or max(2 * cores, math.ceil(nbytes / TASK_BYTES))
+    slices = plan_slices(files, cfg.text_column, tasks, footers)
+    if slices is None:  # (checked above: a file without the text column)
+        return None, f"a file without column {cfg.text_column!r}"
+    if keys:
+        fields = [first.field(k).with_nullable(True) for k in keys]  # as Spark reads them
+    else:
+        keys = list(AUTO_KEYS)
+        fields = [pa.field("file", pa.string(), False), pa.field("row", pa.int64(), False)]
+    schema = pa.schema([*fields, pa.field(cfg.ids_column, IDS_TYPE, True)])
+    columns = [cfg.text_column] + [k for k in keys if k in names]
+    rows = sum(footers[f].num_rows for f in files)
+    return LocalEncode(slices, _spark_spellings(spark, files), keys, columns, schema, rows), ""
+
+
+def _spark_spellings(spark: SparkSession, files: list[str]) -> list[str]:
+    """Each local file's URI as Spark's ``_metadata.file_path`` gives it (``file:/a%20b``)."""
+    jvm = spark.sparkContext._jvm
+    path_of = jvm.org.apache.hadoop.fs.Path
+    return [str(path_of(jvm.java.io.File(fsutil.local_path(f)).toURI()).toUri().toString())
+            for f in files]
+
+
+def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Accumulator,
+                 counts: TaskCounts, tmp: str) -> None:
+    """Run the tasks: each writes one Parquet file of ``tmp`` (made here) and its statistics
+    to ``acc`` ({task: stats}); then ``_SUCCESS``."""
+    out = fsutil.local_path(tmp)
+    os.makedirs(out, exist_ok=True)
+    job = uuid.uuid4().hex
+    counts.total_rows = local.rows
+    n = len(local.slices)
+
+    def task(ids: Iterator[int]) -> Iterator[int]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for i in ids:
+            final = os.path.join(out, f"part-{i:05d}-{job}-c000.{OUTPUT_COMPRESSION}.parquet")
+            part = os.path.join(out, f"_attempt-{i:05d}-{ctx.attemptNumber()}-{job}")
+            stats = _encode_task(bc.value, local, i, part, counts)
+            os.replace(part, final)
+            acc.add({i: stats})
+        yield 0
+
+    spark.sparkContext.parallelize(range(n), n).mapPartitions(task).collect()
+    for name in os.listdir(out):  # attempts that were killed mid-file
+        if name.startswith("_attempt-"):
+            os.remove(os.path.join(out, name))
+    with open(os.path.join(out, "_SUCCESS"), "wb"):
+        pass
+
+
+def _encode_task(plan: EncodePlan, local: LocalEncode, task: int, path: str,
+                 counts: TaskCounts) -> dict:
+    """Read, encode and write task ``task``'s row groups into ``path``; its statistics."""
+    enc = worker_encoder(plan)
+    stats = dict.fromkeys(STAT_KEYS, 0)
+    stats["reference_fallback"] = int(enc.fell_back)
+    report = counts.reporter(task)
+    auto = local.keys == list(AUTO_KEYS) and "file" not in local.columns
+    pending: list[pa.RecordBatch] = []
+    pending_ids = 0
+    with pq.ParquetWriter(path, local.schema, compression=OUTPUT_COMPRESSION) as writer:
+        for s in local.slices[task]:
+            for start, batch in _read(s, local.columns):
+                if auto:  # the key (file, row) before encoding: a row's error names it
+                    n = batch.num_rows
+                    batch = pa.RecordBatch.from_arrays(
+                        [batch.column(0), pa.array([local.spellings[s.file_index]] * n),
+                         pa.array(range(start, start + n), pa.int64())],
+                        names=[local.columns[0], "file", "row"])
+                ids = encode_batch(enc, batch, stats, IDS_TYPE)
+                report.update(stats["rows"], stats["bytes"])
+                pending.append(pa.RecordBatch.from_arrays([*batch.columns[1:], ids],
+                                                          schema=local.schema))
+                pending_ids += len(ids.values)
+                if pending_ids >= ROW_GROUP_IDS:
+                    writer.write_table(pa.Table.from_batches(pending), row_group_size=1 << 30)
+                    pending, pending_ids = [], 0
+        if pending or not stats["rows"]:
+            writer.write_table(pa.Table.from_batches(pending, schema=local.schema),
+                               row_group_size=1 << 30)
+    report.finish(stats["rows"], stats["bytes"])
+    return stats
+
+
+def _read(s: ReadSlice, columns: list[str]) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """The slice's rows in batches (``BATCH_ROWS``, ``BATCH_BYTES``), each with the index in
+    its file of its first row; a file that cannot be read fails the task naming it (the driver
+    makes that one line)."""
+    row = s.first_row
+    rows = max(1, min(BATCH_ROWS, BATCH_BYTES * s.num_rows // max(1, s.nbytes)))
+    try:
+        parquet = pq.ParquetFile(s.path)
+        for batch in parquet.iter_batches(batch_size=rows, row_groups=list(s.row_groups),
+                                          columns=columns, use_threads=False):
+            yield row, batch
+            row += batch.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
