@@ -662,6 +662,9 @@ def _source(spark: SparkSession, cfg: Config, plan: EncodePlan,
     else Spark's rows, while the encoders are built in the workers."""
     from pipeline.encode_local import plan_local_encode
 
+    if frame is not None and cfg.encode_io == "arrow":
+        raise ConfigError("config key 'encode_io' = 'arrow' reads local Parquet files, not a "
+                          "DataFrame; use 'auto' or 'spark'")
     local, why = plan_local_encode(spark, cfg) if frame is None else (None, "a DataFrame")
     bc = spark.sparkContext.broadcast(plan)
     if local is not None:

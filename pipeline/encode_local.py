@@ -29,8 +29,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -60,11 +61,12 @@ from pipeline.spark_session import TaskCounts
 
 log = logging.getLogger(__name__)
 
-TASK_BYTES = 256 << 20  # input (on disk) per task when a corpus needs more than 2 per core
+TASK_BYTES = 256 << 20  # input (files on disk) per task when a corpus needs more than 2 per core
 BATCH_ROWS = 1024  # rows read and encoded at a time, at most ...
 BATCH_BYTES = 8 << 20  # ... and about this much text (the row groups' mean row size): the
 # ids of a batch are Python lists until it is encoded, ~36 bytes per token, ~70 MB here
-ROW_GROUP_IDS = 8 << 20  # ids per output row group (32 MB as int32)
+ROW_GROUP_IDS = 8 << 20  # ids per output row group (32 MB as int32), or ...
+ROW_GROUP_BYTES = 64 << 20  # ... this much Arrow data (wide keys, short or null texts)
 # key column types that Spark reads and writes as the same Arrow type (anything else: Spark)
 _PLAIN_TYPES = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(),
                 pa.bool_(), pa.string(), pa.binary())
@@ -76,23 +78,32 @@ IDS_TYPE = pa.list_(pa.field("element", pa.int32(), False))  # Spark's array<int
 class LocalEncode:
     """What the tasks of the pyarrow path need."""
 
-    slices: list[list[ReadSlice]]  # per task
-    spellings: list[str]  # per file index: Spark's ``_metadata.file_path`` of the file
+    tasks: list[EncodeTask]
     keys: list[str]
     columns: list[str]  # read from each file: the text, then the key columns it has
     schema: pa.Schema  # of the output: the keys, then the ids
     rows: int
 
 
+@dataclass
+class EncodeTask:
+    """One task: its row groups in corpus order, and the ``file`` key of each of its files."""
+
+    index: int
+    slices: list[ReadSlice]
+    spellings: dict[int, str]  # file index -> Spark's ``_metadata.file_path`` of the file
+
+
 def plan_local_encode(spark: SparkSession, cfg: Config) -> tuple[LocalEncode | None, str]:
     """The pyarrow path's tasks for this encode, or (None, why Spark's path encodes it)."""
     if cfg.encode_io == "spark":
         return None, "encode_io = spark"
-    why = _not_local(cfg)
+    why = _not_local(cfg) or _session_differs(spark)
     if why:
         if cfg.encode_io == "arrow":
             raise ConfigError(f"config key 'encode_io' = 'arrow' reads and writes local "
-                              f"Parquet only: {why}; use 'auto' or 'spark'")
+                              f"Parquet only, as Spark's defaults read it: {why}; use 'auto' "
+                              "or 'spark'")
         return None, why
     plan, why = _plan(spark, cfg)
     if plan is None and cfg.encode_io == "arrow":
@@ -108,7 +119,55 @@ def _not_local(cfg: Config) -> str:
     return ""
 
 
+# Spark settings under which Spark's path reads or writes otherwise than pyarrow does here
+_SPARK_DEFAULTS = {"spark.sql.parquet.binaryAsString": "false",  # binary columns as strings
+                   "spark.sql.parquet.writeLegacyFormat": "false"}  # another list layout
+
+
+def _session_differs(spark: SparkSession) -> str:
+    changed = [k for k, v in _SPARK_DEFAULTS.items()
+               if str(spark.conf.get(k, v)).strip().lower() != v]
+    return f"the session sets {', '.join(changed)}" if changed else ""
+
+
 def _plan(spark: SparkSession, cfg: Config) -> tuple[LocalEncode | None, str]:
+    files, footers, why = _list(cfg)
+    if files is None:
+        return None, why
+    first = footers[files[0]].schema.to_arrow_schema()
+    keys, why = _keys(cfg, first, footers[files[0]])
+    if keys is None:
+        return None, why
+    groups = sum(footers[f].num_row_groups for f in files)
+    on_disk = sum(os.path.getsize(fsutil.local_path(f)) for f in files)
+    cores = spark.sparkContext.defaultParallelism
+    if cfg.num_partitions > groups:
+        return None, f"num_partitions = {cfg.num_partitions} is more than the {groups} row groups"
+    if not cfg.num_partitions and groups < cores and on_disk >= REPARTITION_MIN_BYTES:
+        return None, f"{groups} row groups for {cores} cores (Spark's path shares them out)"
+    n = cfg.num_partitions or max(2 * cores, math.ceil(on_disk / TASK_BYTES))
+    slices = plan_slices(files, cfg.text_column, n, footers)
+    if slices is None:  # (checked by the listing: a file without the text column)
+        return None, f"a file without column {cfg.text_column!r}"
+    if keys:
+        fields = [first.field(k).with_nullable(True) for k in keys]  # as Spark reads them
+        columns = [cfg.text_column, *keys]
+    else:
+        keys, columns = list(AUTO_KEYS), [cfg.text_column]
+        fields = [pa.field("file", pa.string(), False), pa.field("row", pa.int64(), False)]
+    if {k.lower() for k in keys} & {cfg.ids_column.lower()}:
+        return None, f"ids_column {cfg.ids_column!r} is also a key column (Spark's path says so)"
+    schema = pa.schema([*fields, pa.field(cfg.ids_column, IDS_TYPE, True)])
+    spell = _spark_spelling(spark)
+    tasks = [EncodeTask(i, task, {s.file_index: spell(files[s.file_index]) for s in task})
+             for i, task in enumerate(slices)]
+    rows = sum(footers[f].num_rows for f in files)
+    return LocalEncode(tasks, keys, columns, schema, rows), ""
+
+
+def _list(cfg: Config) -> tuple[list[str] | None, dict[str, pq.FileMetaData], str]:
+    """The input's files in corpus order (as Spark lists them), their footers; or None and why
+    not (Spark's path then lists, and says what is wrong if anything is)."""
     footers: dict[str, pq.FileMetaData] = {}
     files: list[str] = []
     for path in cfg.inputs:
@@ -118,53 +177,58 @@ def _plan(spark: SparkSession, cfg: Config) -> tuple[LocalEncode | None, str]:
         except ConfigError:  # (no readable file: Spark's path says so in the encode's words)
             listed = None
         if listed is None or skipped:
-            return None, (f"{path} is not a file or a directory of files with a text column "
-                          f"{cfg.text_column!r}, or some of its files are unreadable")
+            return None, footers, (f"{path} is not a file or a directory of files (Parquet, "
+                                   f"with a text column {cfg.text_column!r}, readable)")
         files += listed
-    schemas = [footers[f].schema.to_arrow_schema() for f in files]
-    first = schemas[0]
-    if any(not s.equals(first) for s in schemas[1:]):
-        return None, "the files' schemas differ"
-    names = first.names
-    if len({n.lower() for n in names}) < len(names) or len(set(names)) < len(names):
+    first = footers[files[0]].schema.to_arrow_schema()
+    if any(not footers[f].schema.to_arrow_schema().equals(first) for f in files[1:]):
+        return None, footers, "the files' schemas differ"
+    return files, footers, ""
+
+
+def _keys(cfg: Config, schema: pa.Schema, footer: pq.FileMetaData
+          ) -> tuple[list[str] | None, str]:
+    """The key columns to carry ([] for the automatic file and row), or None and why Spark's
+    path must read them."""
+    names = schema.names
+    if len({n.lower() for n in names}) < len(names):
         return None, "column names that differ only in case"
     keys = list(cfg.key_columns) or [n for n in names if n != cfg.text_column]
-    if any(k not in names or k == cfg.text_column for k in keys) or cfg.ids_column in keys:
+    if any(k not in names or k == cfg.text_column for k in keys):
         return None, "the key columns are not the files' (Spark's path says which)"
-    if first.field(cfg.text_column).type not in _TEXT_TYPES:
-        return None, f"column {cfg.text_column!r} is {first.field(cfg.text_column).type}"
-    odd = [k for k in keys if first.field(k).type not in _PLAIN_TYPES]
+    if schema.field(cfg.text_column).type not in _TEXT_TYPES:
+        return None, f"column {cfg.text_column!r} is {schema.field(cfg.text_column).type}"
+    annotated = {footer.schema.column(i).path: footer.schema.column(i).logical_type.type
+                 for i in range(len(footer.schema))}
+    if annotated.get(cfg.text_column) not in ("NONE", "STRING"):
+        return None, f"column {cfg.text_column!r} is annotated {annotated.get(cfg.text_column)}"
+    odd = [k for k in keys if schema.field(k).type not in _PLAIN_TYPES
+           or annotated.get(k) not in _PLAIN_ANNOTATIONS]
     if odd:
         return None, f"key columns of types Spark converts ({', '.join(odd)})"
-    groups = sum(footers[f].num_row_groups for f in files)
-    nbytes = sum(footers[f].row_group(i).total_byte_size
-                 for f in files for i in range(footers[f].num_row_groups))
-    cores = spark.sparkContext.defaultParallelism
-    if cfg.num_partitions > groups:
-        return None, f"num_partitions = {cfg.num_partitions} is more than the {groups} row groups"
-    if not cfg.num_partitions and groups < cores and nbytes >= REPARTITION_MIN_BYTES:
-        return None, f"{groups} row groups for {cores} cores (Spark's path shares them out)"
-    tasks = cfg.num_partitions or max(2 * cores, math.ceil(nbytes / TASK_BYTES))
-    slices = plan_slices(files, cfg.text_column, tasks, footers)
-    if slices is None:  # (checked above: a file without the text column)
-        return None, f"a file without column {cfg.text_column!r}"
-    if keys:
-        fields = [first.field(k).with_nullable(True) for k in keys]  # as Spark reads them
-    else:
-        keys = list(AUTO_KEYS)
-        fields = [pa.field("file", pa.string(), False), pa.field("row", pa.int64(), False)]
-    schema = pa.schema([*fields, pa.field(cfg.ids_column, IDS_TYPE, True)])
-    columns = [cfg.text_column] + [k for k in keys if k in names]
-    rows = sum(footers[f].num_rows for f in files)
-    return LocalEncode(slices, _spark_spellings(spark, files), keys, columns, schema, rows), ""
+    return keys, ""
 
 
-def _spark_spellings(spark: SparkSession, files: list[str]) -> list[str]:
-    """Each local file's URI as Spark's ``_metadata.file_path`` gives it (``file:/a%20b``)."""
+_PLAIN_ANNOTATIONS = ("NONE", "STRING", "INT")  # (an ENUM or JSON byte array is a string to
+# Spark, binary to pyarrow; a nested column has no leaf of its name)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9/._+=,@-]*")  # spelled as is in a URI's path
+
+
+def _spark_spelling(spark: SparkSession) -> Callable[[str], str]:
+    """A local file's URI as Spark's ``_metadata.file_path`` gives it (``file:/a%20b``): what
+    Hadoop's ``Path`` makes of Java's ``File.toURI``, asked of the JVM for a path with any
+    character that URIs may quote (most names have none, and thousands of files would cost
+    thousands of calls)."""
     jvm = spark.sparkContext._jvm
-    path_of = jvm.org.apache.hadoop.fs.Path
-    return [str(path_of(jvm.java.io.File(fsutil.local_path(f)).toURI()).toUri().toString())
-            for f in files]
+    path_of, file_of = jvm.org.apache.hadoop.fs.Path, jvm.java.io.File
+
+    def spell(f: str) -> str:
+        local = fsutil.local_path(f)
+        if _SAFE_NAME.fullmatch(local):
+            return "file:" + local
+        return str(path_of(file_of(local).toURI()).toUri().toString())
+
+    return spell
 
 
 def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Accumulator,
@@ -175,21 +239,23 @@ def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Ac
     os.makedirs(out, exist_ok=True)
     job = uuid.uuid4().hex
     counts.total_rows = local.rows
-    n = len(local.slices)
+    shape = LocalEncode([], local.keys, local.columns, local.schema, local.rows)  # no tasks
 
-    def task(ids: Iterator[int]) -> Iterator[int]:
+    def run(tasks: Iterator[EncodeTask]) -> Iterator[int]:
         from pyspark import TaskContext
 
-        ctx = TaskContext.get()
-        for i in ids:
-            final = os.path.join(out, f"part-{i:05d}-{job}-c000.{OUTPUT_COMPRESSION}.parquet")
-            part = os.path.join(out, f"_attempt-{i:05d}-{ctx.attemptNumber()}-{job}")
-            stats = _encode_task(bc.value, local, i, part, counts)
+        attempt = TaskContext.get().attemptNumber()
+        for t in tasks:
+            final = os.path.join(out, f"part-{t.index:05d}-{job}-c000.{OUTPUT_COMPRESSION}"
+                                      ".parquet")
+            part = os.path.join(out, f"_attempt-{t.index:05d}-{attempt}-{job}")
+            stats = _encode_task(bc.value, shape, t, part, counts)
             os.replace(part, final)
-            acc.add({i: stats})
+            acc.add({t.index: stats})
         yield 0
 
-    spark.sparkContext.parallelize(range(n), n).mapPartitions(task).collect()
+    n = len(local.tasks)  # each task's slices go to that task only
+    spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
     for name in os.listdir(out):  # attempts that were killed mid-file
         if name.startswith("_attempt-"):
             os.remove(os.path.join(out, name))
@@ -197,33 +263,35 @@ def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Ac
         pass
 
 
-def _encode_task(plan: EncodePlan, local: LocalEncode, task: int, path: str,
+def _encode_task(plan: EncodePlan, local: LocalEncode, task: EncodeTask, path: str,
                  counts: TaskCounts) -> dict:
-    """Read, encode and write task ``task``'s row groups into ``path``; its statistics."""
+    """Read, encode and write ``task``'s row groups into ``path``; its statistics."""
     enc = worker_encoder(plan)
     stats = dict.fromkeys(STAT_KEYS, 0)
     stats["reference_fallback"] = int(enc.fell_back)
-    report = counts.reporter(task)
-    auto = local.keys == list(AUTO_KEYS) and "file" not in local.columns
+    report = counts.reporter(task.index)
+    auto = len(local.columns) == 1  # the keys are the file and the row
     pending: list[pa.RecordBatch] = []
-    pending_ids = 0
+    pending_ids = pending_bytes = 0
+    opened: dict[str, pq.ParquetFile] = {}  # (a file's footer parsed once per task)
     with pq.ParquetWriter(path, local.schema, compression=OUTPUT_COMPRESSION) as writer:
-        for s in local.slices[task]:
-            for start, batch in _read(s, local.columns):
+        for s in task.slices:
+            for start, batch in _read(s, local.columns, opened):
                 if auto:  # the key (file, row) before encoding: a row's error names it
                     n = batch.num_rows
                     batch = pa.RecordBatch.from_arrays(
-                        [batch.column(0), pa.array([local.spellings[s.file_index]] * n),
+                        [batch.column(0), pa.array([task.spellings[s.file_index]] * n),
                          pa.array(range(start, start + n), pa.int64())],
                         names=[local.columns[0], "file", "row"])
                 ids = encode_batch(enc, batch, stats, IDS_TYPE)
                 report.update(stats["rows"], stats["bytes"])
-                pending.append(pa.RecordBatch.from_arrays([*batch.columns[1:], ids],
-                                                          schema=local.schema))
+                done = pa.RecordBatch.from_arrays([*batch.columns[1:], ids], schema=local.schema)
+                pending.append(done)
                 pending_ids += len(ids.values)
-                if pending_ids >= ROW_GROUP_IDS:
+                pending_bytes += done.nbytes
+                if pending_ids >= ROW_GROUP_IDS or pending_bytes >= ROW_GROUP_BYTES:
                     writer.write_table(pa.Table.from_batches(pending), row_group_size=1 << 30)
-                    pending, pending_ids = [], 0
+                    pending, pending_ids, pending_bytes = [], 0, 0
         if pending or not stats["rows"]:
             writer.write_table(pa.Table.from_batches(pending, schema=local.schema),
                                row_group_size=1 << 30)
@@ -231,17 +299,23 @@ def _encode_task(plan: EncodePlan, local: LocalEncode, task: int, path: str,
     return stats
 
 
-def _read(s: ReadSlice, columns: list[str]) -> Iterator[tuple[int, pa.RecordBatch]]:
+def _read(s: ReadSlice, columns: list[str], opened: dict[str, pq.ParquetFile]
+          ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """The slice's rows in batches (``BATCH_ROWS``, ``BATCH_BYTES``), each with the index in
     its file of its first row; a file that cannot be read fails the task naming it (the driver
-    makes that one line)."""
+    makes that one line). ``opened``: the task's open files (one at a time), by path."""
     row = s.first_row
     rows = max(1, min(BATCH_ROWS, BATCH_BYTES * s.num_rows // max(1, s.nbytes)))
     try:
-        parquet = pq.ParquetFile(s.path)
+        parquet = opened.get(s.path)
+        if parquet is None:
+            opened.clear()
+            parquet = opened[s.path] = pq.ParquetFile(s.path)
         for batch in parquet.iter_batches(batch_size=rows, row_groups=list(s.row_groups),
                                           columns=columns, use_threads=False):
             yield row, batch
             row += batch.num_rows
+    except (pa.ArrowMemoryError, pa.ArrowCapacityError):
+        raise  # (not the file's fault)
     except (OSError, pa.ArrowException) as exc:
         raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None

@@ -1,17 +1,20 @@
 """Benchmark the encode job against single-process tiktoken on the same text and run.
 
     python scripts/bench_encode.py --input PARQUET [--run RUN_DIR | --vocab-size N]
-        [--master local[2]] [--cores 2] [--out-dir DIR]
+        [--master local[2]] [--cores 2] [--out-dir DIR] [--io auto,spark]
 
 1. the run: ``--run``, or ``jobs/train.py`` on ``--input`` with ``--vocab-size`` (default 32768);
 2. baseline: every row read with pyarrow into one process, tiktoken loaded from the run's export
-   (``load_tiktoken``), ``encode_ordinary_batch(texts, num_threads=1)``: tokens/s x ``--cores``
-   is what the cores could do with no plumbing at all (``num_threads=cores`` is measured too);
+   (``load_tiktoken``), one thread: the faster of a loop over ``encode_ordinary`` and
+   ``encode_ordinary_batch(texts, num_threads=1)`` (whose thread pool costs time on short
+   rows): tokens/s x ``--cores`` is what the cores could do with no plumbing at all
+   (``encode_ordinary_batch(num_threads=cores)`` is measured too);
 3. the job: ``jobs/encode.py --master local[2]`` in a fresh process: wall time (JVM start
    included) and the encode stage alone (``_encode.json`` seconds: read, Python, write);
 4. the job again on the first 50 rows: the stage's fixed cost (Python workers starting,
    JIT, output commit), so the marginal rate (tokens / (stage - fixed)) shows what the job
-   does at scale;
+   does at scale; 3 and 4 for each ``--encode-io`` setting in ``--io`` in turn (default:
+   ``auto``, pyarrow in the tasks for local Parquet, then ``spark``, Spark's reader and writer);
 5. the baseline again, so a noisy machine shows as two different baseline figures;
 6. CPU seconds (user + system) of the baseline and of the job's whole process tree (driver,
    JVM, Python workers; polled from /proc): on a shared machine the fairest measure of what
@@ -39,17 +42,33 @@ CPU = {}  # what -> CPU seconds (user + system): robust to other load on a share
 
 
 def baseline(run_dir: str, texts: list[str], threads: int) -> tuple[float, int]:
+    """tiktoken's time on every row. One thread: the faster of a plain loop over
+    ``encode_ordinary`` and ``encode_ordinary_batch(num_threads=1)``, whose thread pool costs
+    microseconds a row (2.4x the loop's time on the multilingual corpus's short rows);
+    ``threads`` > 1: ``encode_ordinary_batch``."""
     from pipeline.outputs import load_tiktoken
 
     enc = load_tiktoken(run_dir, ignore_normalization=True)
-    t0, c0 = time.perf_counter(), time.process_time()
-    tokens = 0
-    for i in range(0, len(texts), BATCH_ROWS):  # token lists dropped as counted: memory stays
-        out = enc.encode_ordinary_batch(texts[i:i + BATCH_ROWS], num_threads=threads)
-        tokens += sum(map(len, out))
-    sec = time.perf_counter() - t0
-    CPU.setdefault(f"tiktoken_{threads}", []).append(time.process_time() - c0)
+    timings = []
+    ways = ("loop", "batch") if threads == 1 else ("batch",)
+    for way in ways:
+        t0, c0 = time.perf_counter(), time.process_time()
+        tokens = 0
+        if way == "loop":
+            for text in texts:
+                tokens += len(enc.encode_ordinary(text))
+        else:
+            for i in range(0, len(texts), BATCH_ROWS):  # token lists dropped as counted
+                out = enc.encode_ordinary_batch(texts[i:i + BATCH_ROWS], num_threads=threads)
+                tokens += sum(map(len, out))
+        timings.append((time.perf_counter() - t0, time.process_time() - c0, tokens, way))
+    sec, cpu, tokens, way = min(timings)
+    CPU.setdefault(f"tiktoken_{threads}", []).append(cpu)
+    WAYS.setdefault(f"tiktoken_{threads}", []).append({w: round(t, 3) for t, _, _, w in timings})
     return sec, tokens
+
+
+WAYS: dict[str, list] = {}  # the single-thread ways' seconds, each time
 
 
 BATCH_ROWS = 10_000  # rows per encode_ordinary_batch call (the texts stay in memory; the ids
@@ -101,6 +120,20 @@ def run(cmd: list[str], what: str = "") -> tuple[float, subprocess.CompletedProc
     return sec, res
 
 
+def run_job(py: str, args: argparse.Namespace, run_dir: str, out: Path, io: str
+            ) -> tuple[float, dict, dict]:
+    """The encode job on the input and on its first 50 rows: (wall, stats, the 50 rows' stats)."""
+    def job(src: str, dst: str, what: str) -> tuple[float, dict]:
+        wall, _ = run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", src,
+                       "--output", dst, "--master", args.master, "--text-column",
+                       args.text_column, "--encode-io", io], what)
+        return wall, json.loads((Path(dst) / "_encode.json").read_text())["stats"]
+
+    wall, st = job(args.input, str(out / f"encoded-{io}"), f"job_{io}")
+    _, tiny = job(str(out / "tiny"), str(out / f"encoded-tiny-{io}"), f"tiny_{io}")
+    return wall, st, tiny
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True)
@@ -110,6 +143,8 @@ def main() -> int:
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--text-column", default="text")
     p.add_argument("--out-dir", default=str(REPO / "out" / "bench-encode"))
+    p.add_argument("--io", default="auto,spark",
+                   help="--encode-io settings to run, in turn (default: auto,spark)")
     args = p.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,58 +166,59 @@ def main() -> int:
 
     b1, tokens = baseline(run_dir, texts, 1)
     bn, _ = baseline(run_dir, texts, args.cores)
-    wall, res = run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", args.input,
-                     "--output", str(out / "encoded"), "--master", args.master,
-                     "--text-column", args.text_column], "job")
-    st = json.loads((out / "encoded" / "_encode.json").read_text())["stats"]
     import pyarrow.parquet as pq
 
     (out / "tiny").mkdir(exist_ok=True)
     pq.write_table(table.slice(0, 50), out / "tiny" / "part-0.parquet")
-    run([py, "jobs/encode.py", "--tokenizer", run_dir, "--input", str(out / "tiny"),
-         "--output", str(out / "encoded-tiny"), "--master", args.master,
-         "--text-column", args.text_column], "job_tiny")
-    tiny = json.loads((out / "encoded-tiny" / "_encode.json").read_text())["stats"]
-    marginal = (tokens - tiny["tokens"]) / max(st["seconds"] - tiny["seconds"], 1e-9)
+    jobs = {}
+    for io in args.io.split(","):  # each way in turn, then the baseline again
+        jobs[io] = run_job(py, args, run_dir, out, io)
     b2, _ = baseline(run_dir, texts, 1)
-    if st["tokens"] != tokens:
-        sys.exit(f"token totals differ: job {st['tokens']}, tiktoken {tokens}")
     single = tokens / min(b1, b2)
     ideal = single * args.cores
-    rows = [
-        ("tiktoken encode_ordinary_batch, 1 thread (best of 2)", min(b1, b2), tokens / min(b1, b2)),
-        (f"  x {args.cores} cores (the target's reference)", min(b1, b2) / args.cores, ideal),
-        (f"tiktoken encode_ordinary_batch, {args.cores} threads", bn, tokens / bn),
-        (f"encode job {args.master}: encode stage", st["seconds"], tokens / st["seconds"]),
-        (f"encode job {args.master}: wall, JVM start included", wall, tokens / wall),
-        (f"encode job {args.master}: stage on 50 rows (fixed cost)", tiny["seconds"],
-         tiny["tokens"] / tiny["seconds"]),
-        (f"encode job {args.master}: marginal (stage - fixed cost)",
-         st["seconds"] - tiny["seconds"], marginal),
-    ]
     print(f"{tokens:,} tokens; machine load average {os.getloadavg()[0]:.1f}")
     print(f"{'what':58} {'seconds':>8} {'tokens/s':>12}")
+    rows = [
+        ("tiktoken, 1 thread (best of 2, each the faster way)", min(b1, b2),
+         tokens / min(b1, b2)),
+        (f"  x {args.cores} cores (the target's reference)", min(b1, b2) / args.cores, ideal),
+        (f"tiktoken encode_ordinary_batch, {args.cores} threads", bn, tokens / bn),
+    ]
     for name, sec, rate in rows:
         print(f"{name:58} {sec:8.2f} {rate:12,.0f}")
-    ratio_stage = (tokens / st["seconds"]) / ideal
-    ratio_wall = (tokens / wall) / ideal
-    ratio_marginal = marginal / ideal
-    print(f"ratio to {args.cores} x tiktoken: stage {ratio_stage:.2f}, marginal "
-          f"{ratio_marginal:.2f}, wall {ratio_wall:.2f}   (target >= 0.5)")
-    print(f"python encode seconds (sum over tasks): {st['python_encode_seconds']}, "
-          f"partitions {st['partitions']}")
     tk_cpu = min(CPU["tiktoken_1"])
-    job_cpu = CPU["job"] - CPU["job_tiny"] * (1 - tiny["tokens"] / tokens)
-    print(f"CPU seconds: tiktoken {tk_cpu:.2f}; job {CPU['job']:.2f} (JVM start included), "
-          f"job on 50 rows {CPU['job_tiny']:.2f}, job marginal {job_cpu:.2f}; "
-          f"ratio tiktoken / job marginal {tk_cpu / job_cpu:.2f}")
+    results = {}
+    for io, (wall, st, tiny) in jobs.items():
+        if st["tokens"] != tokens:
+            sys.exit(f"token totals differ: job ({io}) {st['tokens']}, tiktoken {tokens}")
+        marginal = (tokens - tiny["tokens"]) / max(st["seconds"] - tiny["seconds"], 1e-9)
+        job = f"encode job {args.master}, --encode-io {io} ({st['io']})"
+        for name, sec, rate in [
+            (f"{job}: stage", st["seconds"], tokens / st["seconds"]),
+            (f"{job}: wall", wall, tokens / wall),
+            (f"{job}: stage on 50 rows", tiny["seconds"], tiny["tokens"] / tiny["seconds"]),
+            (f"{job}: marginal", st["seconds"] - tiny["seconds"], marginal),
+        ]:
+            print(f"{name:58} {sec:8.2f} {rate:12,.0f}")
+        r = {"stage": (tokens / st["seconds"]) / ideal, "marginal": marginal / ideal,
+             "wall": (tokens / wall) / ideal}
+        print(f"  ratio to {args.cores} x tiktoken: stage {r['stage']:.2f}, marginal "
+              f"{r['marginal']:.2f}, wall {r['wall']:.2f}   (target: stage >= 0.5)")
+        print(f"  python encode seconds (sum over tasks): {st['python_encode_seconds']}, "
+              f"partitions {st['partitions']}")
+        job_cpu = CPU[f"job_{io}"] - CPU[f"tiny_{io}"] * (1 - tiny["tokens"] / tokens)
+        print(f"  CPU seconds: tiktoken {tk_cpu:.2f}; job {CPU[f'job_{io}']:.2f} (JVM start "
+              f"included), on 50 rows {CPU[f'tiny_{io}']:.2f}, marginal {job_cpu:.2f}; ratio "
+              f"tiktoken / job marginal {tk_cpu / job_cpu:.2f}")
+        results[io] = {"job_stage_seconds": st["seconds"], "job_wall_seconds": wall,
+                       "job_fixed_stage_seconds": tiny["seconds"], "ratio_stage": r["stage"],
+                       "ratio_marginal": r["marginal"], "ratio_wall": r["wall"],
+                       "job_stats": st}
     (out / "bench_encode.json").write_text(json.dumps({
         "input": args.input, "run": run_dir, "rows": len(texts), "bytes": n_bytes,
         "tokens": tokens, "tiktoken_1_thread_seconds": [b1, b2],
-        "tiktoken_n_threads_seconds": bn, "job_stage_seconds": st["seconds"],
-        "job_wall_seconds": wall, "job_fixed_stage_seconds": tiny["seconds"],
-        "ratio_stage": ratio_stage, "ratio_marginal": ratio_marginal, "ratio_wall": ratio_wall,
-        "job_stats": st, "load_average": os.getloadavg(), "cpu_seconds": CPU,
+        "tiktoken_n_threads_seconds": bn, "jobs": results,
+        "load_average": os.getloadavg(), "cpu_seconds": CPU, "tiktoken_ways_seconds": WAYS,
     }, indent=2))
     return 0
 

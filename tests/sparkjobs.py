@@ -29,6 +29,7 @@ SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 TRAIN = REPO / "jobs" / "train.py"
+ENCODE = REPO / "jobs" / "encode.py"
 # Short test JVMs spend most of their CPU in the JIT compiler; C1 only and the serial GC make
 # them start and finish much faster on a small, shared machine (test tuning, not advice).
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -152,12 +153,12 @@ def remove_app_dirs(p: ProcGroup) -> None:
 
 def submit(args: list[str], log_dir: Path, name: str, master: str = "local[2]",
            conf: dict[str, str] | None = None, submit_args: list[str] | None = None,
-           env: dict[str, str] | None = None) -> ProcGroup:
+           env: dict[str, str] | None = None, job: Path = TRAIN) -> ProcGroup:
     cmd: list[str] = [str(SPARK_SUBMIT), "--master", master]
     for k, v in {**QUIET_CONF, **(conf or {})}.items():
         cmd += ["--conf", f"{k}={v}"]
     bar = [] if "--progress-bar" in args else ["--no-progress-bar"]  # (a flag goes once)
-    cmd += [*(submit_args or []), str(TRAIN), *bar, *args]
+    cmd += [*(submit_args or []), str(job), *bar, *args]
     return ProcGroup(cmd, log_dir, name, env=env)
 
 

@@ -6,16 +6,22 @@ result compared with local mode.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+
+from pipeline.config import Config
+from pipeline.encode_corpus import encode_corpus
 
 from .conftest import REPO
 from .sparkjobs import (
+    ENCODE,
     SPARK_CLASS,
     ProcGroup,
     free_port,
@@ -105,3 +111,22 @@ def test_standalone_cluster_run_equals_local_mode(spark, standalone, tmp_path_fa
         apps = list((cluster_dir / f"work{i}").glob("app-*/*"))
         assert apps, f"worker {i} ran no executor"
         assert any((a / pyfiles.name).exists() for a in apps), os.listdir(apps[0])
+    # the encode job on the cluster: its executors read and write the local files with
+    # pyarrow (encode_io auto), and give what Spark's reader and writer give in local mode
+    enc = tmp_path / "enc"
+    p = submit(["--tokenizer", str(run), "--input", str(corpus), "--output", str(enc)],
+               tmp_path, "standalone-encode", master=url,
+               conf={"spark.executor.cores": "1", "spark.executor.memory": "768m"},
+               submit_args=["--py-files", str(pyfiles)],
+               env=job_env(PYSPARK_PYTHON=str(python_without_our_package(tmp_path / "py"))),
+               job=ENCODE)
+    procs.append(p)
+    assert p.wait(300) == 0, p.tail()
+    got = json.loads((enc / "_encode.json").read_text())["stats"]
+    assert got["io"] == "arrow" and got["partitions"] >= 2, got
+    local = encode_corpus(spark, Config(input=str(corpus), tokenizer=str(run),
+                                        output=str(tmp_path / "enc-local"), encode_io="spark"))
+    assert local.stats["stats"]["io"] == "spark"
+    order = [("file", "ascending"), ("row", "ascending")]
+    assert pq.read_table(enc).sort_by(order).equals(
+        pq.read_table(tmp_path / "enc-local").sort_by(order))

@@ -382,7 +382,29 @@ def test_pyarrow_path_writes_what_sparks_path_writes(spark, run_dir, tmp_path, c
                                               "use 'auto' or 'spark'$"):
             encode_corpus(spark, Config(**kwargs, tokenizer=str(run_dir), encode_io="arrow",
                                         output=str(tmp_path / "never")))
+    with pytest.raises(ConfigError, match="^config key 'encode_io' = 'arrow' reads local "
+                                          "Parquet files, not a DataFrame"):
+        encode_corpus(spark, Config(tokenizer=str(run_dir), encode_io="arrow",
+                                    output=str(tmp_path / "never")),
+                      spark.createDataFrame([("a row",)], "text string"))
+    # an ids column named as an automatic key: Spark's path refuses it, so auto does too
+    with pytest.raises(ConfigError, match="'ids_column': 'row' is also a key column"):
+        encode_corpus(spark, Config(input=str(tmp_path / "src-False"), tokenizer=str(run_dir),
+                                    output=str(tmp_path / "never"), ids_column="row"))
     assert not (tmp_path / "never").exists()
+    # names Spark's listing does not skip as "_ or . first" (it reads _x=1.parquet, skips a
+    # file being copied): left to Spark's listing, the same rows either way
+    names = tmp_path / "names"
+    names.mkdir()
+    for name in ("a.parquet", "_x=1.parquet", "b.parquet._COPYING_", "_skipped.parquet"):
+        pq.write_table(pa.table({"text": [f"{name} row"]}), names / name)
+    read = {}
+    for io in ("auto", "spark"):
+        encode_corpus(spark, Config(input=str(names), tokenizer=str(run_dir), encode_io=io,
+                                    output=str(tmp_path / f"names-{io}")))
+        read[io] = sorted(r.file.rsplit("/", 1)[1] for r in
+                          spark.read.parquet(str(tmp_path / f"names-{io}")).collect())
+    assert read["auto"] == read["spark"] == ["_x=1.parquet", "a.parquet"]
 
 
 def test_pyarrow_path_names_a_file_whose_pages_are_corrupt(spark, run_dir, tmp_path):
@@ -418,7 +440,7 @@ def test_pyarrow_path_reads_long_rows_a_few_at_a_time(tmp_path):
         (task,) = plan_slices([str(path)], "text", 1)
         seen = []
         for s in task:
-            for first, batch in _read(s, ["text"]):
+            for first, batch in _read(s, ["text"], {}):
                 assert batch.num_rows <= min(BATCH_ROWS, max(1, 2 * BATCH_BYTES // size))
                 seen += [(first + i, int(t[:8])) for i, t in
                          enumerate(batch.column(0).to_pylist())]

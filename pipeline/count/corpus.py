@@ -98,8 +98,9 @@ def list_local_corpus(path: str, text_column: str,
     """The files of a local corpus listed without the JVM (as :func:`read_corpus` lists them),
     when that is unambiguous: one Parquet file, or a directory that holds only files (names
     starting with ``_`` or ``.`` skipped, as Spark does). None lets Spark list and validate:
-    globs, nested or partitioned directories, other filesystems, a missing column or one that
-    is not text. A file whose Parquet footer cannot be read is an error naming it, or, with
+    globs, nested or partitioned directories, names Spark lists otherwise (``_x=1``,
+    ``_metadata``, ``x._COPYING_``), other filesystems, a missing column or one that is not
+    text. A file whose Parquet footer cannot be read is an error naming it, or, with
     ``skipped`` given (``ignore_corrupt_files``), left out and added to ``skipped``.
     ``footers``, if given, receives each listed file's Parquet metadata (read once, for
     :func:`plan_slices`)."""
@@ -110,7 +111,10 @@ def list_local_corpus(path: str, text_column: str,
         if os.path.isfile(local):
             candidates = [local]
         elif os.path.isdir(local):
-            entries = [e for e in os.scandir(local) if not e.name.startswith(("_", "."))]
+            every = list(os.scandir(local))
+            if any(_spark_lists_otherwise(e.name) for e in every):
+                return None
+            entries = [e for e in every if not e.name.startswith(("_", "."))]
             if not entries:
                 raise ConfigError(f"config key 'input': no Parquet files under {path} (an "
                                   "empty directory)")
@@ -142,6 +146,14 @@ def list_local_corpus(path: str, text_column: str,
         raise ConfigError(f"config key 'input': no readable Parquet files under {path} "
                           f"({len(skipped or [])} unreadable ones skipped)")
     return sorted(read)
+
+
+def _spark_lists_otherwise(name: str) -> bool:
+    """A name Spark's file index does not treat as "skipped if it starts with _ or .": it
+    reads ``_x=1.parquet`` and ``_metadata``, and skips ``x._COPYING_`` (a file being
+    copied). Such a directory is left to Spark's listing."""
+    return ((name.startswith("_") and "=" in name) or name.endswith("._COPYING_")
+            or name.startswith(("_metadata", "_common_metadata")))
 
 
 def check_local_footers(files: list[str], can_skip: bool = True,
