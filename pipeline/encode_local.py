@@ -42,10 +42,13 @@ from pyspark.sql import SparkSession
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import (
+    NOT_HERE,
+    SHARED_FS,
     UNREADABLE,
     ReadSlice,
     first_line,
     list_local_corpus,
+    not_here,
     plan_slices,
 )
 from pipeline.encode_corpus import (
@@ -234,33 +237,66 @@ def _spark_spelling(spark: SparkSession) -> Callable[[str], str]:
 def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Accumulator,
                  counts: TaskCounts, tmp: str) -> None:
     """Run the tasks: each writes one Parquet file of ``tmp`` (made here) and its statistics
-    to ``acc`` ({task: stats}); then ``_SUCCESS``."""
+    to ``acc`` ({task: stats}); then ``_SUCCESS``. A file the executors cannot see, or write
+    where this driver cannot see it, is one error saying so (local paths on a cluster must be
+    on a filesystem every machine shares)."""
     out = fsutil.local_path(tmp)
-    os.makedirs(out, exist_ok=True)
+    _make_staging(out)
     job = uuid.uuid4().hex
     counts.total_rows = local.rows
     shape = LocalEncode([], local.keys, local.columns, local.schema, local.rows)  # no tasks
 
-    def run(tasks: Iterator[EncodeTask]) -> Iterator[int]:
+    def run(tasks: Iterator[EncodeTask]) -> Iterator[str]:
         from pyspark import TaskContext
 
         attempt = TaskContext.get().attemptNumber()
         for t in tasks:
-            final = os.path.join(out, f"part-{t.index:05d}-{job}-c000.{OUTPUT_COMPRESSION}"
-                                      ".parquet")
+            final = _final_name(out, t.index, job)
             part = os.path.join(out, f"_attempt-{t.index:05d}-{attempt}-{job}")
-            stats = _encode_task(bc.value, shape, t, part, counts)
-            os.replace(part, final)
+            try:
+                stats = _encode_task(bc.value, shape, t, part, counts)
+                os.replace(part, final)
+            except FileNotFoundError:  # (an input file's is raised by _read): the staging
+                raise not_here(out) from None
             acc.add({t.index: stats})
-        yield 0
+            yield final
 
     n = len(local.tasks)  # each task's slices go to that task only
-    spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
+    try:
+        written = spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
+    except Exception as exc:
+        unwritable = _not_here(exc, out)
+        if unwritable is None:
+            raise
+        raise unwritable from None
+    unseen = [f for f in written if not os.path.exists(f)]
+    if unseen:
+        raise ConfigError(f"config key 'output': the executors wrote {len(unseen)} of {n} "
+                          f"files ({unseen[0]}, ...) where this driver does not see them: "
+                          f"{SHARED_FS}")
     for name in os.listdir(out):  # attempts that were killed mid-file
         if name.startswith("_attempt-"):
             os.remove(os.path.join(out, name))
     with open(os.path.join(out, "_SUCCESS"), "wb"):
         pass
+
+
+def _make_staging(out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+
+
+def _final_name(out: str, index: int, job: str) -> str:
+    return os.path.join(out, f"part-{index:05d}-{job}-c000.{OUTPUT_COMPRESSION}.parquet")
+
+
+def _not_here(exc: BaseException, out: str) -> ConfigError | None:
+    """A task's :data:`NOT_HERE` error for the staging directory as one line (an input file's
+    is :func:`unreadable_file_error`'s)."""
+    m = re.search(re.escape(NOT_HERE) + r" (.+?) :: (\S+)", str(exc))
+    if m is None or m.group(1) != out:
+        return None
+    return ConfigError(f"config key 'output': the executor on {m.group(2)} cannot write into "
+                       f"{out} (not there for it): {SHARED_FS}")
 
 
 def _encode_task(plan: EncodePlan, local: LocalEncode, task: EncodeTask, path: str,
@@ -317,5 +353,7 @@ def _read(s: ReadSlice, columns: list[str], opened: dict[str, pq.ParquetFile]
             row += batch.num_rows
     except (pa.ArrowMemoryError, pa.ArrowCapacityError):
         raise  # (not the file's fault)
+    except FileNotFoundError:  # listed by the driver, not there for this executor
+        raise not_here(s.path) from None
     except (OSError, pa.ArrowException) as exc:
         raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None

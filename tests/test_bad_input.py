@@ -129,6 +129,38 @@ def test_a_truncated_shard_next_to_a_good_one(spark, tmp_path):
 
 
 @pytest.mark.spark
+def test_a_file_the_count_tasks_do_not_find_is_not_skipped_as_corrupt(spark, tmp_path,
+                                                                      monkeypatch):
+    """A local file listed by the driver that a task does not find (removed since, or a local
+    path on a cluster without a shared filesystem) ends the count with one line saying so,
+    even with ``ignore_corrupt_files``: it is not a corrupt file to leave out silently (as
+    Spark keeps ignoreMissingFiles apart from ignoreCorruptFiles)."""
+    import socket
+
+    import pipeline.count.word_count as wc
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("part-0.parquet", "part-1.parquet"):
+        pq.write_table(pa.table({"text": normal_rows()}), corpus / name)
+    tasks = wc._count_partials
+
+    def gone_before_the_tasks(*args, **kwargs):  # (listed, footers read, fingerprinted)
+        (corpus / "part-1.parquet").unlink()
+        return tasks(*args, **kwargs)
+
+    monkeypatch.setattr(wc, "_count_partials", gone_before_the_tasks)
+    for ignore in (False, True):
+        with pytest.raises(ConfigError, match=rf"^config key 'input': \S+/part-1\.parquet was "
+                                              r"listed by this driver but is not there for the "
+                                              rf"executor on {re.escape(socket.gethostname())} "):
+            count_words(spark, Config(input=str(corpus), output=str(tmp_path / "words"),
+                                      ignore_corrupt_files=ignore))
+        pq.write_table(pa.table({"text": normal_rows()}), corpus / "part-1.parquet")
+    assert not (tmp_path / "words").exists()
+
+
+@pytest.mark.spark
 def test_a_truncated_json_file_is_named_as_json(spark, tmp_path):
     """A cut-off .json.gz among JSON lines: the one line names the file and its format."""
     import gzip

@@ -12,6 +12,7 @@ import heapq
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,16 @@ from pipeline.spark_session import start_session
 log = logging.getLogger(__name__)
 
 UNREADABLE = "spark-bpe: unreadable input file"  # a task's error naming a corrupt file
+NOT_HERE = "spark-bpe: not on this executor"  # a task's error: a local path it does not see
+SHARED_FS = ("a local path must be on a filesystem that the driver and every executor share "
+             "(the same path on every machine, as with NFS), or give an hdfs://, s3a://, ... "
+             "URI")
+
+
+def not_here(path: str) -> RuntimeError:
+    """Raised in a task for a local ``path`` the driver listed or made and this executor does
+    not find (see :func:`unreadable_file_error`): never skipped as a corrupt file."""
+    return RuntimeError(f"{NOT_HERE} {path} :: {socket.gethostname()}")
 
 
 def normalize_uri(uri: str) -> str:
@@ -606,9 +617,14 @@ def arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
 
 def unreadable_file_error(exc: BaseException, can_skip: bool = True,
                           kind: str = "Parquet") -> ConfigError | None:
-    """A read (count, encode) that failed on a corrupt input file, as one line naming the
-    file (exit 2); None for any other failure."""
+    """A read (count, encode) that failed on a corrupt input file, or on one a task did not
+    find, as one line naming the file (exit 2); None for any other failure."""
     text = str(exc)
+    m = re.search(re.escape(NOT_HERE) + r" (.+?) :: (\S+)", text)
+    if m:
+        return ConfigError(f"config key 'input': {m.group(1)} was listed by this driver but is "
+                           f"not there for the executor on {m.group(2)} (removed since, or not "
+                           f"on a shared filesystem): {SHARED_FS}")
     m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
     if m:
         return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip, kind)

@@ -44,6 +44,7 @@ from pipeline.count.corpus import (
     input_fingerprint,
     list_local_sources,
     normalize_uri,
+    not_here,
     read_sources,
     skipping_corrupt_files,
     unreadable_file_error,
@@ -227,6 +228,8 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
                     bytes_read += wc.stats.bytes - before
                     if report is not None:
                         report.update(rows_read, bytes_read)
+        except FileNotFoundError:  # listed by the driver, not there for this executor: not
+            raise not_here(s.path) from None  # a corrupt file (Spark's ignoreMissingFiles)
         except (OSError, pa.ArrowException) as exc:
             if not ignore_corrupt:  # the driver turns this into one line naming the file
                 raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
