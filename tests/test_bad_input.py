@@ -128,6 +128,19 @@ def test_a_truncated_shard_next_to_a_good_one(spark, tmp_path):
     assert "no sample in this report" not in report
 
 
+def test_a_file_removed_while_the_input_is_listed_is_one_line(tmp_path):
+    """The driver lists the files, then takes each one's size and time for the input
+    fingerprint: a file gone in between (a compaction running on the lake) is one line."""
+    from pipeline.count.corpus import input_fingerprint
+
+    here = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": ["a row"]}), here)
+    assert input_fingerprint(None, [f"file://{here}"])["files"] == 1
+    with pytest.raises(ConfigError, match=r"^config key 'input': file://\S+/gone\.parquet was "
+                                          r"removed while the input was listed"):
+        input_fingerprint(None, [f"file://{here}", f"file://{tmp_path / 'gone.parquet'}"])
+
+
 @pytest.mark.spark
 def test_a_file_the_count_tasks_do_not_find_is_not_skipped_as_corrupt(spark, tmp_path,
                                                                       monkeypatch):

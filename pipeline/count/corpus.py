@@ -689,7 +689,12 @@ def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int
     remote: dict[str, list[str]] = {}
     for f in files:
         if fsutil.is_local(f):
-            st = os.stat(fsutil.local_path(f))
+            try:
+                st = os.stat(fsutil.local_path(f))
+            except FileNotFoundError:
+                raise ConfigError(f"config key 'input': {f} was removed while the input was "
+                                  "listed (another process changing the corpus?); rerun when "
+                                  "it is stable") from None
             out[f] = (st.st_size, st.st_mtime_ns)
         else:
             remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
