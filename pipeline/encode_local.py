@@ -341,7 +341,7 @@ def _read(s: ReadSlice, columns: list[str], opened: dict[str, pq.ParquetFile]
     its file of its first row; a file that cannot be read fails the task naming it (the driver
     makes that one line). ``opened``: the task's open files (one at a time), by path."""
     row = s.first_row
-    rows = max(1, min(BATCH_ROWS, BATCH_BYTES * s.num_rows // max(1, s.nbytes)))
+    rows = s.batch_rows(BATCH_ROWS, BATCH_BYTES)
     try:
         parquet = opened.get(s.path)
         if parquet is None:

@@ -128,6 +128,47 @@ def test_a_truncated_shard_next_to_a_good_one(spark, tmp_path):
     assert "no sample in this report" not in report
 
 
+def test_the_arrow_readers_read_long_rows_a_few_at_a_time(tmp_path, monkeypatch):
+    """The count's tasks (and the encode's) read a row group in batches of about a fixed
+    amount of text: rows of 1 MB a few at a time (4096 of them would be 4 GB in memory), short
+    rows 4096 at a time; every row counted, in order."""
+    from pipeline.count import word_count as wc
+    from pipeline.count.corpus import plan_slices
+
+    sizes = []
+    real = pq.ParquetFile.iter_batches
+
+    def recorded(self, *args, **kwargs):
+        sizes.append(kwargs["batch_size"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recorded)
+    spec = PretokenizerSpec("cl100k")
+    for size, rows in ((1 << 20, 40), (50, 5000)):
+        path = tmp_path / f"rows-{size}.parquet"
+        texts = [f"w{i:05d} " + "x" * (size - 7) for i in range(rows)]
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=rows // 2)
+        (task,) = plan_slices([str(path)], "text", 1)
+        sizes.clear()
+        done = []
+
+        class Report:
+            def update(self, rows: int, nbytes: int) -> None:
+                pass
+
+            def finish(self, rows: int, nbytes: int) -> None:
+                done.append((rows, nbytes))
+
+        list(wc._count_slices(spec, "text", task, report=Report()))
+        assert len(sizes) == 2, sizes  # (one call per row group)
+        if size == 50:
+            assert sizes == [4096, 4096]
+        else:  # about BATCH_BYTES of text: a few dozen rows of 1 MB (the footer's sizes)
+            assert all(0.8 * wc.BATCH_BYTES <= n * size <= 1.2 * wc.BATCH_BYTES
+                       for n in sizes), sizes
+        assert done == [(rows, rows * size)]
+
+
 def test_a_file_removed_while_the_input_is_listed_is_one_line(tmp_path):
     """The driver lists the files, then takes each one's size and time for the input
     fingerprint: a file gone in between (a compaction running on the lake) is one line."""

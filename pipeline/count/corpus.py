@@ -231,6 +231,11 @@ class ReadSlice:
     nbytes: int
     num_rows: int = 0
 
+    def batch_rows(self, most: int, text_bytes: int) -> int:
+        """Rows to read at a time: at most ``most``, and about ``text_bytes`` of this slice's
+        rows by their mean size (a batch of long rows stays small in memory)."""
+        return max(1, min(most, text_bytes * self.num_rows // max(1, self.nbytes)))
+
 
 def plan_slices(files: list[str], text_column: str, tasks: int,
                 footers: dict[str, pq.FileMetaData] | None = None,

@@ -182,6 +182,7 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
 
 
 REPORT_ROWS = 256  # rows between progress updates of an Arrow-reader task
+BATCH_ROWS, BATCH_BYTES = 4096, 32 << 20  # rows read at a time: at most, and about this much
 
 
 def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSlice],
@@ -199,6 +200,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
     counters: dict[tuple[int, int], WordCounter] = {}
     unreadable: set[int] = set()
     rows_read = bytes_read = 0
+    opened: dict[str, pq.ParquetFile] = {}
     for s in slices:
         if s.file_index in unreadable:
             continue
@@ -215,9 +217,12 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
         wc.file_index = s.file_index
         row = s.first_row
         try:
-            parquet = pq.ParquetFile(s.path)
-            for batch in parquet.iter_batches(batch_size=4096, row_groups=list(s.row_groups),
-                                              columns=[text_column], use_threads=False):
+            if s.path not in opened:  # (a file's footer parsed once per task)
+                opened.clear()
+                opened[s.path] = pq.ParquetFile(s.path)
+            for batch in opened[s.path].iter_batches(
+                    batch_size=s.batch_rows(BATCH_ROWS, BATCH_BYTES),
+                    row_groups=list(s.row_groups), columns=[text_column], use_threads=False):
                 values = text_values(batch.column(0))
                 for at in range(0, len(values), REPORT_ROWS):  # long rows: report within
                     before = wc.stats.bytes
@@ -230,6 +235,8 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
                         report.update(rows_read, bytes_read)
         except FileNotFoundError:  # listed by the driver, not there for this executor: not
             raise not_here(s.path) from None  # a corrupt file (Spark's ignoreMissingFiles)
+        except (pa.ArrowMemoryError, pa.ArrowCapacityError):
+            raise  # (not the file's fault: never skipped)
         except (OSError, pa.ArrowException) as exc:
             if not ignore_corrupt:  # the driver turns this into one line naming the file
                 raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
