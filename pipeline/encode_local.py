@@ -26,6 +26,7 @@ one; ``_SUCCESS`` is written last, as Spark's committer does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -42,13 +43,13 @@ from pyspark.sql import SparkSession
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import (
-    NOT_HERE,
     SHARED_FS,
     UNREADABLE,
     ReadSlice,
     first_line,
     list_local_corpus,
     not_here,
+    parse_not_here,
     plan_slices,
 )
 from pipeline.encode_corpus import (
@@ -237,46 +238,39 @@ def _spark_spelling(spark: SparkSession) -> Callable[[str], str]:
 def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Accumulator,
                  counts: TaskCounts, tmp: str) -> None:
     """Run the tasks: each writes one Parquet file of ``tmp`` (made here) and its statistics
-    to ``acc`` ({task: stats}); then ``_SUCCESS``. A file the executors cannot see, or write
-    where this driver cannot see it, is one error saying so (local paths on a cluster must be
-    on a filesystem every machine shares)."""
+    to ``acc`` ({task: stats}); then ``_SUCCESS``. An input file or the staging directory that
+    an executor does not see is one error saying so (local paths on a cluster must be on a
+    filesystem every machine shares)."""
     out = fsutil.local_path(tmp)
     _make_staging(out)
     job = uuid.uuid4().hex
     counts.total_rows = local.rows
     shape = LocalEncode([], local.keys, local.columns, local.schema, local.rows)  # no tasks
 
-    def run(tasks: Iterator[EncodeTask]) -> Iterator[str]:
+    def run(tasks: Iterator[EncodeTask]) -> Iterator[int]:
         from pyspark import TaskContext
 
         attempt = TaskContext.get().attemptNumber()
         for t in tasks:
-            final = _final_name(out, t.index, job)
             part = os.path.join(out, f"_attempt-{t.index:05d}-{attempt}-{job}")
-            try:
-                stats = _encode_task(bc.value, shape, t, part, counts)
-                os.replace(part, final)
-            except FileNotFoundError:  # (an input file's is raised by _read): the staging
-                raise not_here(out) from None
+            stats = _encode_task(bc.value, shape, t, part, counts)
+            os.replace(part, _final_name(out, t.index, job))
             acc.add({t.index: stats})
-            yield final
+        yield 0
 
     n = len(local.tasks)  # each task's slices go to that task only
     try:
-        written = spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
+        spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
     except Exception as exc:
-        unwritable = _not_here(exc, out)
-        if unwritable is None:
+        gone = parse_not_here(str(exc), "output")
+        if gone is None:
             raise
-        raise unwritable from None
-    unseen = [f for f in written if not os.path.exists(f)]
-    if unseen:
-        raise ConfigError(f"config key 'output': the executors wrote {len(unseen)} of {n} "
-                          f"files ({unseen[0]}, ...) where this driver does not see them: "
-                          f"{SHARED_FS}")
+        raise ConfigError(f"config key 'output': the executor on {gone[0]} cannot write into "
+                          f"{gone[1]} (not there for it): {SHARED_FS}") from None
     for name in os.listdir(out):  # attempts that were killed mid-file
         if name.startswith("_attempt-"):
-            os.remove(os.path.join(out, name))
+            with contextlib.suppress(FileNotFoundError):  # (a speculative one renamed since)
+                os.remove(os.path.join(out, name))
     with open(os.path.join(out, "_SUCCESS"), "wb"):
         pass
 
@@ -287,16 +281,6 @@ def _make_staging(out: str) -> None:
 
 def _final_name(out: str, index: int, job: str) -> str:
     return os.path.join(out, f"part-{index:05d}-{job}-c000.{OUTPUT_COMPRESSION}.parquet")
-
-
-def _not_here(exc: BaseException, out: str) -> ConfigError | None:
-    """A task's :data:`NOT_HERE` error for the staging directory as one line (an input file's
-    is :func:`unreadable_file_error`'s)."""
-    m = re.search(re.escape(NOT_HERE) + r" (.+?) :: (\S+)", str(exc))
-    if m is None or m.group(1) != out:
-        return None
-    return ConfigError(f"config key 'output': the executor on {m.group(2)} cannot write into "
-                       f"{out} (not there for it): {SHARED_FS}")
 
 
 def _encode_task(plan: EncodePlan, local: LocalEncode, task: EncodeTask, path: str,
@@ -310,7 +294,11 @@ def _encode_task(plan: EncodePlan, local: LocalEncode, task: EncodeTask, path: s
     pending: list[pa.RecordBatch] = []
     pending_ids = pending_bytes = 0
     opened: dict[str, pq.ParquetFile] = {}  # (a file's footer parsed once per task)
-    with pq.ParquetWriter(path, local.schema, compression=OUTPUT_COMPRESSION) as writer:
+    try:
+        writer = pq.ParquetWriter(path, local.schema, compression=OUTPUT_COMPRESSION)
+    except FileNotFoundError:  # the driver made the staging directory: not shared with us
+        raise not_here(os.path.dirname(path), "output") from None
+    with writer:
         for s in task.slices:
             for start, batch in _read(s, local.columns, opened):
                 if auto:  # the key (file, row) before encoding: a row's error names it

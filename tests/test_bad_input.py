@@ -204,14 +204,32 @@ def test_a_file_the_count_tasks_do_not_find_is_not_skipped_as_corrupt(spark, tmp
         return tasks(*args, **kwargs)
 
     monkeypatch.setattr(wc, "_count_partials", gone_before_the_tasks)
-    for ignore in (False, True):
-        with pytest.raises(ConfigError, match=rf"^config key 'input': \S+/part-1\.parquet was "
-                                              r"listed by this driver but is not there for the "
-                                              rf"executor on {re.escape(socket.gethostname())} "):
+    host = re.escape(socket.gethostname())
+    for reader, ignore in (("arrow", False), ("arrow", True), ("spark", False), ("spark", True)):
+        # (Spark's reader names no host: its ignoreMissingFiles is not ignoreCorruptFiles)
+        by = f"for the executor on {host} " if reader == "arrow" else "for the task that read it "
+        with pytest.raises(ConfigError, match=r"^config key 'input': \S+/part-1\.parquet was "
+                                              rf"listed (by this driver )?but is not there {by}"):
             count_words(spark, Config(input=str(corpus), output=str(tmp_path / "words"),
-                                      ignore_corrupt_files=ignore))
+                                      ignore_corrupt_files=ignore, count_reader=reader))
         pq.write_table(pa.table({"text": normal_rows()}), corpus / "part-1.parquet")
     assert not (tmp_path / "words").exists()
+    # removed while the driver reads the footers: not an unreadable file to skip either
+    import pipeline.count.corpus as corpus_module
+
+    from_disk = pq.ParquetFile
+
+    def footer(path, *args, **kwargs):
+        if str(path).endswith("part-1.parquet"):
+            raise FileNotFoundError(2, "No such file or directory")
+        return from_disk(path, *args, **kwargs)
+
+    monkeypatch.setattr(corpus_module.pq, "ParquetFile", footer)
+    skipped: list[str] = []
+    with pytest.raises(ConfigError, match=r"part-1\.parquet was removed while the input was "
+                                          "listed"):
+        corpus_module.list_local_corpus(str(corpus), "text", {}, skipped)
+    assert skipped == []
 
 
 @pytest.mark.spark

@@ -38,10 +38,22 @@ SHARED_FS = ("a local path must be on a filesystem that the driver and every exe
              "URI")
 
 
-def not_here(path: str) -> RuntimeError:
-    """Raised in a task for a local ``path`` the driver listed or made and this executor does
-    not find (see :func:`unreadable_file_error`): never skipped as a corrupt file."""
-    return RuntimeError(f"{NOT_HERE} {path} :: {socket.gethostname()}")
+def not_here(path: str, what: str = "input") -> RuntimeError:
+    """Raised in a task for a local ``path`` the driver listed (``what`` = input) or made
+    (output) and this executor does not find (see :func:`unreadable_file_error`): never
+    skipped as a corrupt file. The path comes last, whole to the end of the line."""
+    return RuntimeError(f"{NOT_HERE} {what} {socket.gethostname()} :: {path}")
+
+
+def parse_not_here(text: str, what: str) -> tuple[str, str] | None:
+    """(host, path) of a task's :func:`not_here` error about ``what`` in Spark's message."""
+    m = re.search(re.escape(f"{NOT_HERE} {what} ") + r"(\S+) :: ([^\n]+)", text)
+    return (m.group(1), m.group(2).rstrip()) if m else None
+
+
+def removed_while_listed(path: str) -> ConfigError:
+    return ConfigError(f"config key 'input': {path} was removed while the input was listed "
+                       "(another process changing the corpus?); rerun when it is stable")
 
 
 def normalize_uri(uri: str) -> str:
@@ -142,6 +154,8 @@ def list_local_corpus(path: str, text_column: str,
         try:
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()
+        except FileNotFoundError:  # (not a corrupt file to skip)
+            raise removed_while_listed(normalize_path("file://" + f)) from None
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             if skipped is None:
                 raise corrupt_file_error(f, first_line(exc)) from None
@@ -181,6 +195,8 @@ def check_local_footers(files: list[str], can_skip: bool = True,
         try:
             meta = pq.read_metadata(fsutil.local_path(f))
             schema = meta.schema.to_arrow_schema() if text_column else None
+        except FileNotFoundError:  # (not a corrupt file to skip)
+            raise removed_while_listed(f) from None
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             raise corrupt_file_error(f, first_line(exc), can_skip) from None
         if schema is not None and text_column is not None:
@@ -233,7 +249,8 @@ class ReadSlice:
 
     def batch_rows(self, most: int, text_bytes: int) -> int:
         """Rows to read at a time: at most ``most``, and about ``text_bytes`` of this slice's
-        rows by their mean size (a batch of long rows stays small in memory)."""
+        rows by their mean size in the file (a batch of long rows stays small in memory; rows
+        that the file's dictionary encoding makes small, one long text repeated, are not)."""
         return max(1, min(most, text_bytes * self.num_rows // max(1, self.nbytes)))
 
 
@@ -253,6 +270,8 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
         try:
             meta = meta or pq.ParquetFile(path).metadata
             schema = meta.schema.to_arrow_schema()
+        except FileNotFoundError:  # (not a corrupt file to skip)
+            raise removed_while_listed(f) from None
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             if skipped is None:
                 raise corrupt_file_error(f, first_line(exc)) from None
@@ -625,10 +644,10 @@ def unreadable_file_error(exc: BaseException, can_skip: bool = True,
     """A read (count, encode) that failed on a corrupt input file, or on one a task did not
     find, as one line naming the file (exit 2); None for any other failure."""
     text = str(exc)
-    m = re.search(re.escape(NOT_HERE) + r" (.+?) :: (\S+)", text)
-    if m:
-        return ConfigError(f"config key 'input': {m.group(1)} was listed by this driver but is "
-                           f"not there for the executor on {m.group(2)} (removed since, or not "
+    gone = parse_not_here(text, "input")
+    if gone:
+        return ConfigError(f"config key 'input': {gone[1]} was listed by this driver but is "
+                           f"not there for the executor on {gone[0]} (removed since, or not "
                            f"on a shared filesystem): {SHARED_FS}")
     m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
     if m:
@@ -641,6 +660,10 @@ def unreadable_file_error(exc: BaseException, can_skip: bool = True,
                 "records)" if can_skip else "")
         return ConfigError(f"config key 'input': {m.group(2)} is not a readable {kind} file "
                            f"({why}); fix or remove it{skip}")
+    if m and (m.group(1) == "FILE_NOT_EXIST" or "java.io.FileNotFoundException" in text):
+        return ConfigError(f"config key 'input': {m.group(2)} was listed but is not there for "
+                           f"the task that read it (removed since, or not on a shared "
+                           f"filesystem): {SHARED_FS}")  # (never skipped: ignoreMissingFiles)
     if m:
         cause = (re.search(r"\S+ (is not a Parquet file[^\n]*)", text)
                  or re.search(r"Caused by: java\.[\w.$]+: ([^\n]+)", text))
@@ -697,9 +720,7 @@ def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int
             try:
                 st = os.stat(fsutil.local_path(f))
             except FileNotFoundError:
-                raise ConfigError(f"config key 'input': {f} was removed while the input was "
-                                  "listed (another process changing the corpus?); rerun when "
-                                  "it is stable") from None
+                raise removed_while_listed(f) from None
             out[f] = (st.st_size, st.st_mtime_ns)
         else:
             remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
