@@ -51,6 +51,7 @@ from pipeline.count.corpus import (
     not_here,
     parse_not_here,
     plan_slices,
+    read_slice_batches,
 )
 from pipeline.encode_corpus import (
     AUTO_KEYS,
@@ -329,14 +330,12 @@ def _read(s: ReadSlice, columns: list[str], opened: dict[str, pq.ParquetFile]
     its file of its first row; a file that cannot be read fails the task naming it (the driver
     makes that one line). ``opened``: the task's open files (one at a time), by path."""
     row = s.first_row
-    rows = s.batch_rows(BATCH_ROWS, BATCH_BYTES)
     try:
         parquet = opened.get(s.path)
         if parquet is None:
             opened.clear()
             parquet = opened[s.path] = pq.ParquetFile(s.path)
-        for batch in parquet.iter_batches(batch_size=rows, row_groups=list(s.row_groups),
-                                          columns=columns, use_threads=False):
+        for batch in read_slice_batches(parquet, s, columns, BATCH_ROWS, BATCH_BYTES):
             yield row, batch
             row += batch.num_rows
     except (pa.ArrowMemoryError, pa.ArrowCapacityError):

@@ -248,10 +248,40 @@ class ReadSlice:
     num_rows: int = 0
 
     def batch_rows(self, most: int, text_bytes: int) -> int:
-        """Rows to read at a time: at most ``most``, and about ``text_bytes`` of this slice's
-        rows by their mean size in the file (a batch of long rows stays small in memory; rows
-        that the file's dictionary encoding makes small, one long text repeated, are not)."""
+        """Rows to read at a time by the file's sizes: at most ``most``, and about
+        ``text_bytes`` of this slice's rows by their mean size in the file (which understates
+        rows that a dictionary makes small: see :func:`read_slice_batches`)."""
         return max(1, min(most, text_bytes * self.num_rows // max(1, self.nbytes)))
+
+
+PROBE_ROWS = 32  # rows of a slice read first, to measure its rows as decoded
+
+
+def read_slice_batches(parquet: pq.ParquetFile, s: ReadSlice, columns: list[str], most: int,
+                       text_bytes: int) -> Iterator[pa.RecordBatch]:
+    """The slice's rows, in order, in batches of at most ``most`` rows and about ``text_bytes``
+    as decoded, so that long rows stay few in memory. The file's sizes can understate the rows
+    (a long text repeated is one dictionary entry): a first batch of a few rows measures them
+    as decoded, then the rest is read in batches of the size that measure gives (the first
+    rows decoded twice, a page or so)."""
+    groups = list(s.row_groups)
+    probe = min(s.batch_rows(most, text_bytes), PROBE_ROWS)
+    first = next(parquet.iter_batches(batch_size=probe, row_groups=groups, columns=columns,
+                                      use_threads=False), None)
+    if first is None:
+        return
+    yield first
+    skip = first.num_rows
+    if skip < probe:  # (that was the whole slice)
+        return
+    rows = max(1, min(most, text_bytes * skip // max(1, first.nbytes)))
+    for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, columns=columns,
+                                      use_threads=False):
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        yield batch.slice(skip) if skip else batch
+        skip = 0
 
 
 def plan_slices(files: list[str], text_column: str, tasks: int,

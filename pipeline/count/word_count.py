@@ -45,6 +45,7 @@ from pipeline.count.corpus import (
     list_local_sources,
     normalize_uri,
     not_here,
+    read_slice_batches,
     read_sources,
     skipping_corrupt_files,
     unreadable_file_error,
@@ -220,9 +221,8 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
             if s.path not in opened:  # (a file's footer parsed once per task)
                 opened.clear()
                 opened[s.path] = pq.ParquetFile(s.path)
-            for batch in opened[s.path].iter_batches(
-                    batch_size=s.batch_rows(BATCH_ROWS, BATCH_BYTES),
-                    row_groups=list(s.row_groups), columns=[text_column], use_threads=False):
+            for batch in read_slice_batches(opened[s.path], s, [text_column], BATCH_ROWS,
+                                            BATCH_BYTES):
                 values = text_values(batch.column(0))
                 for at in range(0, len(values), REPORT_ROWS):  # long rows: report within
                     before = wc.stats.bytes
