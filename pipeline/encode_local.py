@@ -12,10 +12,12 @@ The output is the one Spark's path writes, read back by Spark or pyarrow: the sa
 types and nullability (keys: ``file`` as Spark's ``_metadata.file_path`` spells it, and
 ``row``, the row's index in its file; or the input's own key columns), one row per input row.
 Only where that is certain is this path taken; anything else goes to Spark's path (the reason
-logged): files Spark would list differently (globs, nested or partitioned directories), files
-whose schemas differ, key columns of types other than integers, floats, booleans, strings and
-binary, a column Spark would resolve case-insensitively, ``num_partitions`` above the row
-groups, or a large input in fewer row groups than cores (Spark's path shares such a file out).
+logged): files Spark would list differently (globs, nested or partitioned directories, names
+like ``_x=1.parquet``), files whose schemas differ, key columns of types other than integers,
+floats, booleans, strings and binary (or byte arrays annotated otherwise than as strings),
+column names that differ only in case, an ids column named as a key, a session that reads
+binary as strings or writes Parquet's legacy layout, ``num_partitions`` above the row groups,
+or a large input in fewer row groups than cores (Spark's path shares such a file out).
 
 Tasks: the row groups dealt to ``num_partitions`` tasks (default two per core, more for a big
 input: about ``TASK_BYTES`` each), largest first, each task's in corpus order. A task writes
@@ -68,7 +70,7 @@ log = logging.getLogger(__name__)
 
 TASK_BYTES = 256 << 20  # input (files on disk) per task when a corpus needs more than 2 per core
 BATCH_ROWS = 1024  # rows read and encoded at a time, at most ...
-BATCH_BYTES = 8 << 20  # ... and about this much text (the row groups' mean row size): the
+BATCH_BYTES = 8 << 20  # ... and about this much text as decoded (read_slice_batches): the
 # ids of a batch are Python lists until it is encoded, ~36 bytes per token, ~70 MB here
 ROW_GROUP_IDS = 8 << 20  # ids per output row group (32 MB as int32), or ...
 ROW_GROUP_BYTES = 64 << 20  # ... this much Arrow data (wide keys, short or null texts)
