@@ -36,9 +36,10 @@ reads as fewer partitions than cores, such as one file with one row group, is sp
 cores unless it is too small to be worth a shuffle.
 
 Cost (``scripts/bench_encode.py``, BENCHMARKS.md): a fresh application's first job pays about
-1.5-2 s to start the Python workers; after that, on the pyarrow path, the tasks' time is
-mostly the encoding itself (the stage's tokens/s 0.68x of single-thread tiktoken x 2 cores on
-en-docs).
+1.7 s before its tasks run (mostly Spark starting the JVM's job machinery and the Python
+workers: ``scripts/bench_spark_start.py``); after that, on the pyarrow path, the tasks' time is
+mostly the encoding itself (the stage's tokens/s against single-thread tiktoken x 2 cores:
+0.55x on en-docs, 0.68x at 250 MB, 0.77x at 1 GB).
 """
 
 from __future__ import annotations
