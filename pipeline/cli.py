@@ -366,7 +366,8 @@ def _failed(job: str, exc: BaseException) -> int:
     """Anything else: the traceback in the log, then one line (exit 1)."""
     log.error("%s job failed", job, exc_info=True)
     sys.stderr.flush()
-    jvm = jvm_memory_failure(exc, job)
+    task = memory.task_memory_failure(str(exc))
+    jvm = f"{task}; then {_rerun(job)}" if task else jvm_memory_failure(exc, job)
     where = f" in stage '{current_stage()}'" if current_stage() != "start" else ""
     if jvm:
         print(f"error: {job} failed{where}: {jvm}", file=sys.stderr)

@@ -64,6 +64,7 @@ from pipeline.encode_corpus import (
     encode_batch,
     worker_encoder,
 )
+from pipeline.memory import task_out_of_memory
 from pipeline.spark_session import TaskCounts
 
 log = logging.getLogger(__name__)
@@ -340,8 +341,8 @@ def _read(s: ReadSlice, columns: list[str], opened: dict[str, pq.ParquetFile]
         for batch in read_slice_batches(parquet, s, columns, BATCH_ROWS, BATCH_BYTES):
             yield row, batch
             row += batch.num_rows
-    except (pa.ArrowMemoryError, pa.ArrowCapacityError):
-        raise  # (not the file's fault)
+    except (MemoryError, pa.ArrowMemoryError, pa.ArrowCapacityError) as exc:
+        raise task_out_of_memory(s.path, exc) from None  # (not the file's fault)
     except FileNotFoundError:  # listed by the driver, not there for this executor
         raise not_here(s.path) from None
     except (OSError, pa.ArrowException) as exc:

@@ -240,3 +240,34 @@ def _malloc_trim():
         lib = ctypes.CDLL(name) if name else None
         _TRIM.append(getattr(lib, "malloc_trim", None))
     return _TRIM[0]
+
+
+TASK_OUT_OF_MEMORY = "spark-bpe: out of memory reading"  # a task's error naming its file
+
+
+def task_out_of_memory(path: str, exc: BaseException) -> RuntimeError:
+    """What a task raises when reading ``path`` ran out of memory (MemoryError,
+    ArrowMemoryError) or past Arrow's capacity (ArrowCapacityError: one array over 2 GB): the
+    file named, for :func:`task_memory_failure` on the driver. Never a corrupt file's error:
+    ``--ignore-corrupt-files`` does not skip it."""
+    text = str(exc).strip()
+    why = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    return RuntimeError(f"{TASK_OUT_OF_MEMORY} {path} :: {why}")
+
+
+def task_memory_failure(text: str) -> str:
+    """One line saying which file a task ran out of memory on and what to change, when
+    ``text`` (a failed job's error) carries :func:`task_out_of_memory`'s message; else ''."""
+    m = re.search(re.escape(TASK_OUT_OF_MEMORY) + r" (.+?) :: ([^\n]*)", text)
+    if not m:
+        return ""
+    path, why = m.group(1), m.group(2).strip()
+    if why.startswith("ArrowCapacityError"):
+        fix = ("one of its row groups holds more text than one Arrow array can (2 GB): rewrite "
+               "the file with smaller row groups")
+    else:
+        fix = ("give the executors' Python processes more memory (spark.executor.memoryOverhead"
+               ", or spark.executor.pyspark.memory where it is set; in local mode, the "
+               "machine's free memory) or run fewer tasks per executor (spark.executor.cores), "
+               "or rewrite the file with smaller row groups")
+    return f"a task ran out of memory reading {path} ({why}): {fix}"

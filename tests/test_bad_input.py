@@ -182,6 +182,47 @@ def test_the_arrow_readers_read_long_rows_a_few_at_a_time(tmp_path, monkeypatch)
             assert wc.BATCH_ROWS - 32 <= max(b.num_rows for b in seen) <= wc.BATCH_ROWS
 
 
+@pytest.mark.parametrize("error", [pa.ArrowMemoryError("malloc of size 4294967296 failed"),
+                                   MemoryError(),
+                                   pa.ArrowCapacityError("array cannot contain more than "
+                                                         "2147483646 bytes")])
+def test_a_task_out_of_memory_names_its_file_and_is_never_skipped(tmp_path, monkeypatch, error):
+    """Reading a file that needs more memory than a task's Python has (or more than one
+    Arrow array holds) is not a corrupt file: --ignore-corrupt-files does not skip it, and
+    the job's last line names the file and the setting to change, for the count's and the
+    encode's Arrow readers alike."""
+    from pipeline import cli, encode_local
+    from pipeline.count import word_count as wc
+    from pipeline.count.corpus import plan_slices
+
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"text": ["one row", "another"]}), path)
+    (task,) = plan_slices([str(path)], "text", 1)
+
+    def out_of_memory(*args, **kwargs):
+        raise error
+        yield  # (a generator, as the real one)
+
+    monkeypatch.setattr(wc, "read_slice_batches", out_of_memory)
+    monkeypatch.setattr(encode_local, "read_slice_batches", out_of_memory)
+    spec = PretokenizerSpec("cl100k")
+    failures = []
+    for ignore_corrupt in (False, True):
+        with pytest.raises(RuntimeError) as caught:
+            list(wc._count_slices(spec, "text", task, ignore_corrupt=ignore_corrupt))
+        failures.append(caught.value)
+    with pytest.raises(RuntimeError) as caught:
+        list(encode_local._read(task[0], ["text"], {}))
+    failures.append(caught.value)
+    for failure in failures:  # as the driver sees it: the task's error inside Spark's
+        line = cli.memory.task_memory_failure(f"Py4JJavaError: ...\n{failure}\n  at ...")
+        assert line.startswith(f"a task ran out of memory reading {task[0].path} "
+                               f"({type(error).__name__}"), line
+        assert ("smaller row groups" in line and ("spark.executor.memoryOverhead" in line)
+                == (not isinstance(error, pa.ArrowCapacityError))), line
+    assert cli.memory.task_memory_failure("RuntimeError: something else") == ""
+
+
 def test_a_file_removed_while_the_input_is_listed_is_one_line(tmp_path):
     """The driver lists the files, then takes each one's size and time for the input
     fingerprint: a file gone in between (a compaction running on the lake) is one line."""

@@ -78,6 +78,7 @@ from pipeline.memory import (
     driver_budget,
     driver_fetch_limit,
     release_freed_memory,
+    task_out_of_memory,
 )
 from pipeline.pretokenize import (
     Pretokenizer,
@@ -235,8 +236,8 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
                         report.update(rows_read, bytes_read)
         except FileNotFoundError:  # listed by the driver, not there for this executor: not
             raise not_here(s.path) from None  # a corrupt file (Spark's ignoreMissingFiles)
-        except (pa.ArrowMemoryError, pa.ArrowCapacityError):
-            raise  # (not the file's fault: never skipped)
+        except (MemoryError, pa.ArrowMemoryError, pa.ArrowCapacityError) as exc:
+            raise task_out_of_memory(s.path, exc) from None  # (never skipped: not corrupt)
         except (OSError, pa.ArrowException) as exc:
             if not ignore_corrupt:  # the driver turns this into one line naming the file
                 raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
