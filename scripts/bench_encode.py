@@ -18,7 +18,11 @@
 5. the baseline again, so a noisy machine shows as two different baseline figures;
 6. CPU seconds (user + system) of the baseline and of the job's whole process tree (driver,
    JVM, Python workers; polled from /proc): on a shared machine the fairest measure of what
-   the plumbing costs. The job's marginal CPU is its CPU minus the 50-row job's.
+   the plumbing costs. The job's marginal CPU is its CPU minus the 50-row job's;
+7. peak memory: of each job's process tree (sum, PSS, and per process by role: JVM, Python
+   driver, Python workers; ``proc_tree.TreeSampler``) and of the baseline's process (VmHWM;
+   it holds every row in memory, so its text is given beside it). Each baseline runs in its
+   own fresh process, as each job does.
 
 Prints a table and the ratios (target: stage tokens/s >= 0.5 x the baseline x cores) and writes
 ``bench_encode.json`` into ``--out-dir``. Token totals of the job and the baseline must agree.
@@ -36,18 +40,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from proc_tree import TreeSampler  # noqa: E402
+
+CPU: dict[str, object] = {}  # what -> CPU seconds (user + system): robust to a busy machine
+MEM: dict[str, dict] = {}  # what -> peak memory (MB): of a job's process tree, of a baseline
+WAYS: dict[str, list] = {}  # the single-thread ways' seconds, each time
+BATCH_ROWS = 10_000  # rows per encode_ordinary_batch call (the texts stay in memory; the ids
+# of 1 GB, kept as Python lists, would take about 9 GB)
 
 
-CPU = {}  # what -> CPU seconds (user + system): robust to other load on a shared machine
+def baseline_child(run_dir: str, corpus: str, column: str, threads: int) -> dict:
+    """In the baseline's own process: tiktoken's time on every row. One thread: the faster of
+    a plain loop over ``encode_ordinary`` and ``encode_ordinary_batch(num_threads=1)``, whose
+    thread pool costs microseconds a row (2.4x the loop's time on the multilingual corpus's
+    short rows); ``threads`` > 1: ``encode_ordinary_batch``. The rows are read first (not
+    timed) and held in memory."""
+    import pyarrow.dataset as ds
 
-
-def baseline(run_dir: str, texts: list[str], threads: int) -> tuple[float, int]:
-    """tiktoken's time on every row. One thread: the faster of a plain loop over
-    ``encode_ordinary`` and ``encode_ordinary_batch(num_threads=1)``, whose thread pool costs
-    microseconds a row (2.4x the loop's time on the multilingual corpus's short rows);
-    ``threads`` > 1: ``encode_ordinary_batch``."""
     from pipeline.outputs import load_tiktoken
 
+    table = ds.dataset(corpus, format="parquet").to_table(columns=[column])
+    texts = [t for t in table.column(0).to_pylist() if t]
+    del table
     enc = load_tiktoken(run_dir, ignore_normalization=True)
     timings = []
     ways = ("loop", "batch") if threads == 1 else ("batch",)
@@ -63,57 +79,58 @@ def baseline(run_dir: str, texts: list[str], threads: int) -> tuple[float, int]:
                 tokens += sum(map(len, out))
         timings.append((time.perf_counter() - t0, time.process_time() - c0, tokens, way))
     sec, cpu, tokens, way = min(timings)
-    CPU.setdefault(f"tiktoken_{threads}", []).append(cpu)
-    WAYS.setdefault(f"tiktoken_{threads}", []).append({w: round(t, 3) for t, _, _, w in timings})
-    return sec, tokens
+    return {"seconds": sec, "cpu": cpu, "tokens": tokens, "rows": len(texts),
+            "bytes": sum(len(t.encode()) for t in texts),
+            "text_mb": round(sum(sys.getsizeof(t) for t in texts) / 2**20, 1),
+            "peak_rss_mb": _vm_hwm_mb(), "ways": {w: round(t, 3) for t, _, _, w in timings}}
 
 
-WAYS: dict[str, list] = {}  # the single-thread ways' seconds, each time
+def _vm_hwm_mb() -> float:
+    """This process's peak RSS since its exec (VmHWM; ru_maxrss would start at the parent's)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
-BATCH_ROWS = 10_000  # rows per encode_ordinary_batch call (the texts stay in memory; the ids
-# of 1 GB, kept as Python lists, would take about 9 GB)
-
-
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds incl. waited-for children), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ut, st, cut, cst = (int(x) for x in fields[11:15])
-        out[int(name)] = (int(fields[1]), (ut + st + cut + cst) / tick)
-    return out
+def baseline(args: argparse.Namespace, run_dir: str, threads: int) -> dict:
+    """tiktoken on every row with ``threads`` threads, in a fresh process (see
+    :func:`baseline_child`); its CPU seconds, peak memory and ways recorded."""
+    spec = json.dumps([run_dir, args.input, args.text_column, threads])
+    res = subprocess.run([sys.executable, __file__, "--_baseline", spec], capture_output=True,
+                         text=True, cwd=REPO)
+    if res.returncode != 0:
+        sys.exit(f"the tiktoken baseline failed:\n{res.stderr[-3000:]}")
+    got = json.loads(res.stdout.splitlines()[-1])
+    key = f"tiktoken_{threads}"
+    CPU.setdefault(key, []).append(got["cpu"])
+    WAYS.setdefault(key, []).append(got["ways"])
+    MEM.setdefault(key, []).append({"peak_rss_mb": got["peak_rss_mb"],
+                                    "rows_held_mb": got["text_mb"]})
+    return got
 
 
 def run(cmd: list[str], what: str = "") -> tuple[float, subprocess.CompletedProcess]:
-    """Run a job in a fresh process. Its CPU (the driver, the JVM, the Python workers) is
-    polled from /proc every 0.1 s and recorded under ``what``."""
+    """Run a job in a fresh process. Its process tree (the driver, the JVM, the Python
+    workers) is sampled from /proc every 0.1 s: CPU seconds and peak memory recorded under
+    ``what``."""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=REPO)
-    seen: dict[int, float] = {}
-    while proc.poll() is None:
-        table = _proc_table()
-        tree = {proc.pid}
-        for pid, (ppid, _) in sorted(table.items()):  # parents start before their children
-            if ppid in tree:
-                tree.add(pid)
-        for pid in tree:
-            if pid in table:
-                seen[pid] = max(seen.get(pid, 0.0), table[pid][1])
-        time.sleep(0.1)
+    sampler = TreeSampler(proc.pid, 0.1)
+    sampler.start()
     stdout, stderr = proc.communicate()
     sec = time.perf_counter() - t0
+    sampler.done.set()
+    sampler.join()
     if what:
-        CPU[what] = sum(seen.values())
+        tree = sampler.summary()
+        CPU[what] = tree["cpu_tree_seconds"]
+        MEM[what] = {"peak_tree_mb": tree["peak_tree_mb"],
+                     "peak_tree_pss_mb": tree["peak_tree_pss_mb"],
+                     **{role: r["peak_process_mb"] for role, r in tree["roles"].items()}}
     res = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
@@ -158,22 +175,19 @@ def main() -> int:
         print(f"trained {run_dir} in {sec:.1f} s")
 
     import pyarrow.dataset as ds
-
-    table = ds.dataset(args.input, format="parquet").to_table(columns=[args.text_column])
-    texts = [t for t in table.column(0).to_pylist() if t]
-    n_bytes = sum(len(t.encode()) for t in texts)
-    print(f"input: {len(texts):,} rows, {n_bytes / 1e6:.1f} MB")
-
-    b1, tokens = baseline(run_dir, texts, 1)
-    bn, _ = baseline(run_dir, texts, args.cores)
     import pyarrow.parquet as pq
 
+    first = baseline(args, run_dir, 1)
+    b1, tokens, n_rows, n_bytes = first["seconds"], first["tokens"], first["rows"], first["bytes"]
+    print(f"input: {n_rows:,} rows, {n_bytes / 1e6:.1f} MB")
+    bn = baseline(args, run_dir, args.cores)["seconds"]
     (out / "tiny").mkdir(exist_ok=True)
-    pq.write_table(table.slice(0, 50), out / "tiny" / "part-0.parquet")
+    head = ds.dataset(args.input, format="parquet").head(50, columns=[args.text_column])
+    pq.write_table(head, out / "tiny" / "part-0.parquet")
     jobs = {}
     for io in args.io.split(","):  # each way in turn, then the baseline again
         jobs[io] = run_job(py, args, run_dir, out, io)
-    b2, _ = baseline(run_dir, texts, 1)
+    b2 = baseline(args, run_dir, 1)["seconds"]
     single = tokens / min(b1, b2)
     ideal = single * args.cores
     print(f"{tokens:,} tokens; machine load average {os.getloadavg()[0]:.1f}")
@@ -210,18 +224,30 @@ def main() -> int:
         print(f"  CPU seconds: tiktoken {tk_cpu:.2f}; job {CPU[f'job_{io}']:.2f} (JVM start "
               f"included), on 50 rows {CPU[f'tiny_{io}']:.2f}, marginal {job_cpu:.2f}; ratio "
               f"tiktoken / job marginal {tk_cpu / job_cpu:.2f}")
+        mem = MEM[f"job_{io}"]
+        print(f"  peak RSS (MB): process tree {mem['peak_tree_mb']:,.0f} (PSS "
+              f"{mem['peak_tree_pss_mb']:,.0f}); largest process: " + ", ".join(
+                  f"{role} {mem[role]:,.0f}" for role in ("jvm", "python driver",
+                                                          "python workers") if role in mem))
         results[io] = {"job_stage_seconds": st["seconds"], "job_wall_seconds": wall,
                        "job_fixed_stage_seconds": tiny["seconds"], "ratio_stage": r["stage"],
                        "ratio_marginal": r["marginal"], "ratio_wall": r["wall"],
                        "job_stats": st}
+    tk_mem = max(MEM["tiktoken_1"], key=lambda m: m["peak_rss_mb"])
+    print(f"peak RSS (MB): tiktoken's process {tk_mem['peak_rss_mb']:,.0f}, holding every row "
+          f"({tk_mem['rows_held_mb']:,.0f} of Python strings; the job streams them)")
     (out / "bench_encode.json").write_text(json.dumps({
-        "input": args.input, "run": run_dir, "rows": len(texts), "bytes": n_bytes,
+        "input": args.input, "run": run_dir, "rows": n_rows, "bytes": n_bytes,
         "tokens": tokens, "tiktoken_1_thread_seconds": [b1, b2],
         "tiktoken_n_threads_seconds": bn, "jobs": results,
-        "load_average": os.getloadavg(), "cpu_seconds": CPU, "tiktoken_ways_seconds": WAYS,
+        "load_average": os.getloadavg(), "cpu_seconds": CPU, "peak_memory_mb": MEM,
+        "tiktoken_ways_seconds": WAYS,
     }, indent=2))
     return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--_baseline"]:
+        print(json.dumps(baseline_child(*json.loads(sys.argv[2]))))
+        sys.exit(0)
     sys.exit(main())
