@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import re
 import resource
 import statistics
@@ -523,8 +524,11 @@ def tokenizer_name(cfg: Config) -> str:
     distinct names: two runs with other special tokens must not share one)."""
     if cfg.name:
         return cfg.name
-    base = cfg.output.rstrip("/").rsplit("/", 1)[-1] or "run"
-    return "spark-bpe-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-")
+    path = cfg.output
+    if fsutil.is_local(path):  # ".", "out/run/." and "out/.." name the directory they mean
+        path = os.path.abspath(fsutil.local_path(path))
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.rstrip("/").rsplit("/", 1)[-1]).strip("-.")
+    return "spark-bpe-" + (base or "run")
 
 
 def _progress_file(cfg: Config, spark: SparkSession, allowed: Callable[[], bool] = lambda: True

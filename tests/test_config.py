@@ -427,3 +427,24 @@ def test_the_driver_python_is_the_workers_default_only_on_this_machine(monkeypat
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python")  # the user's choice always stays
     default_worker_python(master)
     assert os.environ["PYSPARK_PYTHON"] == "/opt/python"
+
+
+def test_the_tiktoken_name_is_the_run_directory_s_whatever_the_path_says(tmp_path,
+                                                                         monkeypatch):
+    """Two runs must not share a tiktoken name: ".", "run/." and "x/.." name the directory
+    they mean, not a dot; a user's --name wins."""
+    import dataclasses
+
+    from pipeline.train import tokenizer_name
+
+    (tmp_path / "nightly" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "nightly")
+
+    def named(output: str, name: str = "") -> str:
+        return tokenizer_name(dataclasses.replace(Config(), output=output, name=name))
+
+    for output in (".", "./", str(tmp_path / "nightly" / "."), "sub/..", "file:."):
+        assert named(output) == "spark-bpe-nightly", output
+    assert named("sub") == named("sub/") == named("s3a://bucket/runs/sub") == "spark-bpe-sub"
+    assert named("out/a run+x") == "spark-bpe-a-run-x"
+    assert named(".", "team-bpe") == "team-bpe"
