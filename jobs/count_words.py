@@ -1,7 +1,9 @@
-"""spark-submit jobs/count_words.py --input PATH --output WORDS_DIR [--pattern P] [--text-column C]
+"""spark-submit jobs/count_words.py (--input PATH[,PATH...] | --input-table NAME)
+    --output WORDS_DIR [--input-format F] [--input-weights W,...] [--pattern P] [options]
 
-Scans a corpus (Parquet, or --input-format json|text|orc|csv|delta, or --input-table) and writes
-the reusable word table (word, count, first_seen).
+Scans a corpus (Parquet, or --input-format json|text|orc|csv|delta; several sources, each
+counted --input-weights times; or a catalog table) and writes the reusable word table (word,
+count, first_seen).
 """
 
 import os

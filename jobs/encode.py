@@ -1,6 +1,7 @@
-"""spark-submit jobs/encode.py --tokenizer RUN_DIR --input PARQUET --output PARQUET [options]
+"""spark-submit jobs/encode.py --tokenizer RUN_DIR --input PATH --output PATH [options]
 
-Encodes every row of a Parquet corpus with a trained run: writes the row's key columns
+Encodes every row of a corpus (Parquet, or --input-format json|text|orc|csv|delta) with a
+trained run into Parquet: writes the row's key columns
 (--key-columns; default every column but --text-column, or the input file + row) and its token
 ids as array<int> (--ids-column, default ids), plus _encode.json with the statistics (rows,
 bytes, tokens, bytes per token, tokens per word). A special-token string in the text fails the
