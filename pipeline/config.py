@@ -132,7 +132,8 @@ class Config:
     heartbeat_seconds: float = opt(HEARTBEAT_SECONDS,
                                    "a progress line per running stage this often")
     spark_ui: str = opt("auto", "Spark web UI (auto: on for cluster masters, off in local "
-                                "modes)", choices=("auto", "on", "off"))
+                                "modes, unless spark-submit sets spark.ui.enabled; on/off win "
+                                "over it)", choices=("auto", "on", "off"))
     report_sample_rows: int = opt(200, "rows sampled for report.html", (TRAIN,))
     report_sample: str = opt("", "Parquet of held-out text for report.html ('' = rows of "
                                  "the input)", (TRAIN,))

@@ -148,7 +148,11 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     if submitted.get("spark.app.name", "") in _DEFAULT_APP_NAMES:
         submitted.pop("spark.app.name")
     default("spark.app.name", app_name)
-    default("spark.ui.enabled", str(web_ui_enabled(cfg.spark_ui, master)).lower())
+    ui = str(web_ui_enabled(cfg.spark_ui, master)).lower()
+    if cfg.spark_ui == "auto":  # an explicit on/off wins, as --master does
+        default("spark.ui.enabled", ui)
+    else:
+        options["spark.ui.enabled"] = ui
     default("spark.sql.execution.arrow.pyspark.enabled", "true")
     if not sys.stderr.isatty() or cfg.progress_bar:  # Spark's \r bar (on for a plain `python
         # jobs/...`, a "shell" to Spark) would garble a log file, or fight ours on a terminal
@@ -309,8 +313,8 @@ def _started(sc: SparkContext) -> None:
     hadoop_umask_from_process(sc)
     _settings.update(sc.getConf().getAll())
     logging.getLogger("pipeline.spark_session").info(
-        "Spark application '%s' (%s), master %s, %d cores", sc.appName, sc.applicationId,
-        sc.master, sc.defaultParallelism)
+        "Spark application '%s' (%s), master %s, %d cores, web UI %s", sc.appName,
+        sc.applicationId, sc.master, sc.defaultParallelism, sc.uiWebUrl or "off")
 
 
 def web_ui_enabled(mode: str, master: str) -> bool:

@@ -17,10 +17,12 @@ def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs)
     """As scripts/quickstart.sh runs it (SPARK_CONF_DIR=conf/spark): no JVM INFO lines before
     the job's first line; --name and --conf settings are the application's, not ours (the
     shuffle partitions as the SQL session that read the corpus had them), also when the job
-    is given its own --master (which then overrides spark-submit's, and only that)."""
+    is given its own --master or --spark-ui on|off (which then override spark-submit's, and
+    only those)."""
     run = tmp_path / "run"
     p = submit(["--output", str(run), "--vocab-size", "300", "--master", "local[2]",
-                "--count-reader", "spark"],  # Spark SQL reads: the session is made
+                "--count-reader", "spark",  # Spark SQL reads: the session is made
+                "--spark-ui", "on"],  # explicit: wins over the --conf spark.ui.enabled=false
                tmp_path, "quick", master="local[1]",
                submit_args=["--name", "nightly-tokenizer",
                             "--conf", "spark.sql.shuffle.partitions=7"],
@@ -32,7 +34,8 @@ def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs)
     assert not [ln for ln in lines[:first] if " INFO " in ln], lines[:first]
     assert not [ln for ln in lines if re.match(r"\d\d/\d\d/\d\d .* INFO ", ln)]
     assert re.search(r"INFO pipeline\.spark_session: Spark application 'nightly-tokenizer' "
-                     r"\(local-\d+\), master local\[2\]", p.log())
+                     r"\(local-\d+\), master local\[2\], 2 cores, web UI "
+                     r"http://127\.0\.0\.1:\d+", p.log())
     assert '"shuffle_partitions": 0' in p.log()  # the resolved config is logged, one line
     assert "spark.sql.shuffle.partitions = 7 (spark-submit)" in p.log()
     assert p.last_line() == f"trained 43 merges: tokenizer written to {run}"
