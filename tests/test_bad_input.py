@@ -460,6 +460,37 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
 
 
 @pytest.mark.spark
+def test_a_table_that_skipped_a_file_is_not_reused_by_a_run_that_does_not_skip(spark, tmp_path,
+                                                                             caplog):
+    """A run with --ignore-corrupt-files left a damaged file out (its footer reads: the input
+    fingerprint is the same); the same run without the flag counts again and stops on that
+    file, as it would have with no earlier table, and the earlier run stays complete."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": normal_rows()}), tmp_path / "in" / "part-0.parquet")
+    bad = tmp_path / "in" / "part-1.parquet"
+    pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
+                   row_group_size=50)
+    damage_row_group(bad, 1)
+    run = tmp_path / "run"
+    caplog.set_level("INFO", logger="pipeline")
+
+    def config(skip: bool) -> Config:
+        return Config(input=str(tmp_path / "in"), output=str(run), vocab_size=300,
+                      progress_bar=False, ignore_corrupt_files=skip)
+
+    train(spark, config(True))
+    merges = (run / "merges.txt").read_text()
+    with pytest.raises(ConfigError, match=r"part-1\.parquet is not a readable Parquet file"):
+        train(spark, config(False))
+    assert "left out 1 unreadable files (--ignore-corrupt-files), which this run does not " \
+           "skip" in caplog.text
+    caplog.clear()
+    train(spark, config(True))  # skipping again: the table and the run stand
+    assert "reusing the word table already counted" in caplog.text
+    assert "is already complete" in caplog.text and (run / "merges.txt").read_text() == merges
+
+
+@pytest.mark.spark
 def test_files_in_plain_subfolders_are_an_error_not_a_corpus_read_in_part(spark, tmp_path):
     """Spark's readers leave out files in subfolders that are not key=value partitions: next
     to a file, the run trained on that file alone (and a later subfolder changed nothing);

@@ -77,6 +77,10 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
             log.info("recounting: the word table at %s was counted with another %s (%s)", own,
                      "input" if changed_input else "split",
                      "; ".join(changed_input + changed_split))
+        elif _skipped_files(wt) and not cfg.ignore_corrupt_files:
+            log.info("recounting: the word table at %s left out %d unreadable files "
+                     "(--ignore-corrupt-files), which this run does not skip", own,
+                     len(_skipped_files(wt)))
         elif _cut_elsewhere(wt, cfg):
             log.info("recounting: the word table at %s was counted by an older version that "
                      "cut special tokens after normalization and lowercasing", own)
@@ -112,6 +116,11 @@ def _reusable_table(spark: SparkSession, own: str) -> WordTable | None:
     except DamagedWordTable as exc:
         log.warning("recounting: %s", str(exc).removeprefix("config key 'words': "))
         return None
+
+
+def _skipped_files(wt: WordTable) -> list:
+    """The files the table's count left out as unreadable (``--ignore-corrupt-files``)."""
+    return (wt.meta.get("left_out") or {}).get("unreadable_files") or []
 
 
 def _cut_elsewhere(wt: WordTable, cfg: Config) -> bool:
