@@ -55,8 +55,10 @@ class Lease:
     :meth:`beside` for an output that is replaced whole)."""
 
     def __init__(self, spark, directory: str, timeout: float, purpose: str = "run",
-                 name: str = NAME):
+                 name: str = NAME, tidy: bool = False):
         self.spark, self.dir, self.timeout, self.purpose = spark, directory, timeout, purpose
+        self.tidy = tidy  # remove the directory on release when acquire made it, left empty
+        self.made_dir = False
         self.path = fsutil.join(directory, name)
         self.held = directory  # what the error names
         self.me = {"host": socket.gethostname(), "pid": os.getpid(),
@@ -135,6 +137,7 @@ class Lease:
     # -- acquire / renew / release -----------------------------------------------------------------
     def acquire(self) -> Lease:
         self._refuse_inside_a_live_run()
+        self.made_dir = self.tidy and not fsutil.exists(self.spark, self.dir)
         fsutil.mkdirs(self.spark, self.dir)
         for _ in range(3):
             if fsutil.create_exclusive(self.spark, self.path, self._record()):
@@ -222,6 +225,8 @@ class Lease:
         if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
             try:
                 fsutil.delete(self.spark, self.path)
+                if self.made_dir and fsutil.list_dir(self.spark, self.dir) == []:
+                    fsutil.delete(self.spark, self.dir)  # (nothing was written there)
             except Exception as exc:  # noqa: BLE001 - a leftover lease goes stale
                 log.warning("could not remove the lease %s: %s", self.path, exc)
 

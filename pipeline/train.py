@@ -469,7 +469,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
     check_run_place(spark, cfg.output, (inside.split("/")[0],) if inside else ())
     with contextlib.ExitStack() as stack:
-        leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds))
+        leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds, tidy=True))
                   for d in _leased_dirs(cfg)]
         own_progress = progress is None
 
@@ -512,11 +512,12 @@ def summary(merges: int, stats: dict) -> str:
 
 
 def _leased_dirs(cfg: Config) -> list[str]:
-    """The run directory, and the checkpoint directory when it is not inside it."""
-    dirs = [cfg.output]
-    if cfg.checkpoint_dir and same_or_inside(cfg.checkpoint_dir, cfg.output) is None:
-        dirs.append(cfg.checkpoint_dir)
-    return dirs
+    """The run directory, then the checkpoint directory (unless it is the run directory): also
+    when it lies inside the run directory, where another run given it as its
+    --checkpoint-dir may hold it (its lease is found only there: a lease is looked for in
+    the directories above the one taken, not below)."""
+    ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
+    return [cfg.output] + ([ckdir] if same_or_inside(ckdir, cfg.output) != "" else [])
 
 
 def tokenizer_name(cfg: Config) -> str:

@@ -337,6 +337,40 @@ def test_train_counts_its_words_under_their_own_lease(spark, tmp_path):
 
 
 @pytest.mark.spark
+def test_a_run_refuses_its_checkpoints_while_another_run_checkpoints_there(spark, tmp_path):
+    """Another live run was given RUN/checkpoints as its --checkpoint-dir (and holds its
+    lease there, below RUN): a run on RUN refuses, naming that holder, and touches neither
+    those checkpoints nor its own directory's lease; once that run is gone it trains, and a
+    checkpoints directory it made only for its lease goes with the lease when a run fails."""
+    from pipeline.config import Config, ConfigError
+    from pipeline.train import train
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["some words here"] * 50}), tmp_path / "in" / "a.parquet")
+    run = tmp_path / "run"
+    ckdir = run / "checkpoints"
+    ckdir.mkdir(parents=True)
+    theirs = ckdir / "merges-000000001-0123456789abcdef.txt"  # the other run's checkpoint
+    theirs.write_text("theirs\n")
+    cfg = Config(input=str(tmp_path / "in"), output=str(run), vocab_size=260,
+                 progress_bar=False)
+    with held_by_another_process(ckdir, "run") as pid:
+        with pytest.raises(LeaseHeld, match=f"^{ckdir} is in use by another run \\(host "
+                                            f"[^,]+, pid {pid}, "):
+            train(spark, cfg)
+        assert theirs.read_text() == "theirs\n" and not (run / NAME).exists()
+    theirs.unlink()
+    assert len(train(spark, cfg).merges) == 3
+    assert list(ckdir.glob("merges-*.txt")) and not (ckdir / NAME).exists()
+
+    fresh = tmp_path / "fresh"  # fails at once (vocab too small): no directory left behind
+    with pytest.raises(ConfigError, match="vocab_size"):
+        train(spark, Config(input=str(tmp_path / "in"), output=str(fresh), vocab_size=10,
+                            progress_bar=False))
+    assert not (fresh / "checkpoints").exists()
+
+
+@pytest.mark.spark
 @pytest.mark.parametrize("same", ["run", "run/", "./run/../run"])
 def test_a_checkpoint_dir_equal_to_the_output_is_leased_once(spark, tmp_path, monkeypatch,
                                                              same):
