@@ -61,7 +61,7 @@ class Lease:
         self.made_dir = False
         self.path = fsutil.join(directory, name)
         self.held = directory  # what the error names
-        self.me = {"host": socket.gethostname(), "pid": os.getpid(),
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), **_pid_space(),
                    "started": _iso(_now()), "id": uuid.uuid4().hex}
         self._stop = threading.Event()
         self._renewing = threading.Lock()  # held while the renewal thread writes the file
@@ -97,9 +97,18 @@ class Lease:
         if age > self.timeout:
             return f"its last renewal was {age:,.0f} s ago (lease_timeout_seconds = " \
                    f"{self.timeout:g})"
-        if holder.get("host") == self.me["host"] and not _process_exists(int(holder["pid"])):
+        if self._same_pid_space(holder) and not _process_exists(int(holder["pid"])):
             return "its process no longer exists"
         return ""
+
+    def _same_pid_space(self, holder: dict) -> bool:
+        """Whether the holder's pid can be looked up here: the same host name is not enough
+        where containers share one (host networking) but not their process ids, so the pid
+        namespace and the boot id must match too (when the lease records them)."""
+        if holder.get("host") != self.me["host"]:
+            return False
+        return all(holder.get(k) in (None, v) for k, v in self.me.items()
+                   if k in ("pid_ns", "boot_id") and v is not None)
 
     def _refusal(self, holder: dict, what: str) -> str:
         return (f"{what} is in use by another {self.purpose} (host {holder.get('host')}, "
@@ -235,6 +244,20 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _pid_space() -> dict[str, str | None]:
+    """This process's pid namespace and the machine's boot (Linux; None elsewhere)."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = None
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = None
+    return {"pid_ns": ns, "boot_id": boot}
 
 
 def _process_exists(pid: int) -> bool:

@@ -56,6 +56,22 @@ def test_a_gone_holder_is_taken_over_with_a_log_line(tmp_path, caplog):
         "renewed": __import__("time").time()}))
     with pytest.raises(LeaseHeld, match="host elsewhere, pid 1"):
         Lease(None, str(tmp_path), timeout=60).acquire()
+    # a container with this host name (host networking) but its own process ids, whose pid
+    # is not one here: alive as far as this process can tell, refused until its lease times
+    # out; the same namespace and boot with that pid gone: taken over at once
+    me = Lease(None, str(tmp_path), timeout=60).me
+    assert me["pid_ns"] and me["boot_id"]  # (Linux: what the lease records)
+    for other, refused in [({"pid_ns": "pid:[1]"}, True), ({"boot_id": "another-boot"}, True),
+                           ({}, False)]:
+        (tmp_path / NAME).write_text(json.dumps({
+            "host": os.uname().nodename, "pid": int(dead), "started": "x", "id": "old",
+            "renewed": __import__("time").time(), "pid_ns": me["pid_ns"],
+            "boot_id": me["boot_id"], **other}))
+        if refused:
+            with pytest.raises(LeaseHeld, match=f"pid {dead}"):
+                Lease(None, str(tmp_path), timeout=60).acquire()
+        else:
+            Lease(None, str(tmp_path), timeout=60).acquire().release()
 
 
 def test_a_live_run_renews_its_lease_so_another_host_cannot_take_it(tmp_path, monkeypatch):
