@@ -755,7 +755,7 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
                 encode_local(spark, source.local, source.bc, acc, counts, tmp)
             else:
                 _spark_encode(cfg, source, acc, counts).write.option(
-                    "compression", OUTPUT_COMPRESSION).parquet(tmp)
+                    "compression", OUTPUT_COMPRESSION).parquet(fsutil.spark_path(tmp))
     except Exception as exc:
         fsutil.delete(spark, tmp)
         msg = _row_error(exc)

@@ -54,6 +54,15 @@ def is_local(path: str) -> bool:
     return scheme(path) in ("", "file")
 
 
+def spark_path(path: str) -> str:
+    """``path`` as handed to Spark's readers and writers: a plain path is a local one in this
+    pipeline (its checks and small files are local), so it goes to Spark as a ``file:`` URI;
+    Spark would resolve a plain path on the cluster's default filesystem (``fs.defaultFS``,
+    HDFS on most clusters), and one job would read or write two filesystems under one name.
+    (Relative to the working directory, as the JVM's own, which is the driver's at start.)"""
+    return "file:" + os.path.abspath(path) if scheme(path) == "" else path
+
+
 def is_object_store(path: str) -> bool:
     return scheme(path) in OBJECT_STORES
 

@@ -546,7 +546,7 @@ def _parquet_rows(spark, cfg, sources: list[str], n: int) -> list:
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     files = [f for src in sources for f in list_local_corpus(src, cfg.text_column,
                                                               skipped=skipped)
-             or sorted(spark.read.parquet(src).inputFiles())]
+             or sorted(spark.read.parquet(fsutil.spark_path(src)).inputFiles())]
     picked = files[:: max(1, len(files) // SAMPLE_FILES)][:SAMPLE_FILES]
     per_file = -(-n // max(len(picked), 1))
     rows: list = []

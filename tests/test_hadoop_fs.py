@@ -124,3 +124,31 @@ def test_a_failed_write_through_hadoop_is_one_line_naming_the_file(spark, tmp_pa
     assert re.match(rf"error: train could not write {re.escape(target)} in stage '\w+': "
                     r"[^\n]+; what was written before \(the word table, the checkpoints\) is "
                     r"intact: .+, then rerun the same command to resume$", last), last
+
+
+def test_plain_paths_are_local_whatever_the_default_filesystem(spark, tmp_path, monkeypatch):
+    """On a cluster whose default filesystem is another one (fs.defaultFS = hdfs://..., here
+    a scheme with no filesystem at all), Spark resolves a plain path there, and the JVM
+    resolves a relative one against its own working directory; the jobs mean this machine's
+    files (their checks and small files are local), so every path they hand Spark is an
+    absolute file: URI: the count's Spark reader and merge, the run, and the encode's Spark
+    reader and writer all find and write the same local files."""
+    from pipeline.encode_corpus import encode_corpus
+
+    kw = dict(progress_bar=False, count_reader="spark", count_merge="spark")
+    ref = train(spark, Config(input=str(SAMPLE), output=str(tmp_path / "ref"), vocab_size=300,
+                              **kw))
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = hadoop.get("fs.defaultFS")
+    monkeypatch.chdir(tmp_path)  # (not the JVM's working directory)
+    hadoop.set("fs.defaultFS", "nofs://cluster/")
+    try:
+        run = train(spark, Config(input=str(SAMPLE), output="run", vocab_size=300, **kw))
+        encoded = encode_corpus(spark, Config(tokenizer="run", input=str(SAMPLE),
+                                              output="encoded", encode_io="spark",
+                                              progress_bar=False))
+    finally:
+        hadoop.set("fs.defaultFS", before)
+    assert run.merges == ref.merges
+    assert (tmp_path / "run" / "words" / "data").is_dir()
+    assert encoded.stats["stats"]["rows"] > 0 and list((tmp_path / "encoded").glob("*.parquet"))

@@ -429,13 +429,14 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
             # RFC 4180, as Python's csv module and pandas write it: a quote inside a quoted
             # field is doubled (Spark's default escape, a backslash, would keep both quotes)
             df = (spark.read.option("header", True).option("multiLine", True)
-                  .option("escape", '"').csv(name))
+                  .option("escape", '"').csv(fsutil.spark_path(name)))
         elif cfg.input_format == "text":
-            df = spark.read.text(name).withColumnRenamed("value", cfg.text_column)
+            df = spark.read.text(fsutil.spark_path(name)).withColumnRenamed(
+                "value", cfg.text_column)
         elif cfg.input_format == "json":
-            df = _read_json(spark, cfg, name, all_columns)
+            df = _read_json(spark, cfg, fsutil.spark_path(name), all_columns)
         else:
-            df = spark.read.format(cfg.input_format).load(name)
+            df = spark.read.format(cfg.input_format).load(fsutil.spark_path(name))
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
         named = None if isinstance(exc, AnalysisException) \
             else unreadable_file_error(exc, can_skip, format_name(cfg))

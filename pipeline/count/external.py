@@ -147,7 +147,7 @@ def read_parquet(spark, path: str) -> pa.Table:
     else:  # in the local read's order (files by path, rows in file order): it breaks ties
         from pyspark.sql import functions as F
 
-        df = spark.read.parquet(path)
+        df = spark.read.parquet(fsutil.spark_path(path))
         t = (df.select(*df.columns, F.col("_metadata.file_path").alias("_spark_bpe_file"),
                        F.col("_metadata.row_index").alias("_spark_bpe_row"))
              .orderBy("_spark_bpe_file", "_spark_bpe_row").toArrow()

@@ -130,7 +130,7 @@ def merge_with_spark(partial: DataFrame, side: list[pa.RecordBatch], n_files: in
     drop = skipped_file_indices(stats)
     layout, splits = _layout(stats, n_files, drop)
     table = spark_word_table(partial, layout, splits, drop)
-    path = fsutil.join(tmp, "data")
+    path = fsutil.spark_path(fsutil.join(tmp, "data"))
     table.write.parquet(path)
     unique_words = table.sparkSession.read.parquet(path).count()  # (from the files' footers)
     t_done = time.time()

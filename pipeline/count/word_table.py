@@ -167,7 +167,7 @@ def write_table_data(spark: SparkSession, table: pa.Table, path: str) -> None:
                 raise
             raise OSError(exc.errno, exc.strerror or str(exc), target) from exc
     else:
-        spark.createDataFrame(table).write.parquet(path)
+        spark.createDataFrame(table).write.parquet(fsutil.spark_path(path))
 
 
 def iter_arrow(df: DataFrame, prefetch: bool = True) -> Iterator[pa.RecordBatch]:
@@ -203,9 +203,11 @@ def read_word_table(spark: SparkSession, wt: WordTable) -> pa.Table:
         files = sorted(os.path.join(local, f) for f in os.listdir(local)
                        if f.endswith(".parquet") and not f.startswith((".", "_")))
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]) \
-            if files else collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
+            if files else collect_arrow(spark.read.parquet(fsutil.spark_path(wt.data_path))
+                                        .select(*columns))
     else:
-        table = collect_arrow(spark.read.parquet(wt.data_path).select(*columns))
+        table = collect_arrow(spark.read.parquet(fsutil.spark_path(wt.data_path))
+                              .select(*columns))
     return table.sort_by("first_seen")
 
 
