@@ -23,7 +23,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from pipeline.bpe import ALPHABETS
-from pipeline.fsutil import HADOOP_GLOB, PYTHON_GLOB, has_glob, is_local, local_path
+from pipeline.fsutil import HADOOP_GLOB, PYTHON_GLOB, has_glob, is_local, local_path, scheme
 from pipeline.patterns import PATTERNS, PatternError, check_pattern
 from pipeline.pretokenize import NORMALIZATIONS, PretokenizerSpec
 from pipeline.progress import HEARTBEAT_SECONDS
@@ -569,7 +569,9 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
     for source in cfg.inputs:
         if is_local(source) and not has_glob(source):
             _need(os.path.exists(local_path(source)),
-                  f"config key 'input': path does not exist: {source}")
+                  f"config key 'input': path does not exist: {source}"
+                  + (" (a path without a scheme is a local one: write hdfs://..., s3a://... "
+                     "for another filesystem)" if scheme(source) == "" else ""))
     if job == TRAIN and cfg.report_sample and is_local(cfg.report_sample) \
             and not has_glob(cfg.report_sample):
         _need(os.path.exists(local_path(cfg.report_sample)),

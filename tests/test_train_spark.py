@@ -195,7 +195,9 @@ def test_seed_examples_through_the_pipeline(spark, tmp_path):
 
 def test_job_config_errors_are_one_line_and_write_nothing(tmp_path):
     """(Reruns: test_faults.test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops.)"""
-    for args, expected in [(["--input", str(tmp_path / "nope")], "path does not exist"),
+    for args, expected in [(["--input", str(tmp_path / "nope")], "path does not exist: "
+                            f"{tmp_path / 'nope'} (a path without a scheme is a local one: "
+                            "write hdfs://"),
                            (["--vocab-size", "100"], "vocab_size"),
                            (["--engine", "fast"], "'engine'")]:
         r = run_job(*args, "--output", str(tmp_path / "x"))
