@@ -112,12 +112,19 @@ def _log_where_seen(cfg: Config, explicit: bool) -> None:
     configured logging (a notebook, a bare script): Python would show only warnings. A
     program that configured its own logging keeps it; ``log_level`` given here still sets
     the level of ours."""
+    from pipeline.progress import BarAwareHandler
+
     ours = logging.getLogger("pipeline")
     if explicit:
         ours.setLevel(cfg.log_level.upper())
-    if logging.getLogger().handlers or ours.handlers:
+    theirs = logging.getLogger().handlers + ours.handlers
+    if theirs:  # a handler writing to the terminal that knows nothing of the bar: no bar
+        if cfg.progress_bar and any(
+                isinstance(h, logging.StreamHandler) and not isinstance(h, BarAwareHandler)
+                and getattr(h, "stream", None) in (sys.stderr, sys.__stderr__) for h in theirs):
+            cfg.progress_bar = False
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BarAwareHandler(sys.stderr)  # (clears a bar on a terminal around each line)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                            datefmt="%H:%M:%S"))
     ours.addHandler(handler)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 import pytest
 
@@ -393,6 +394,29 @@ def test_the_saved_and_logged_config_holds_the_jobs_own_keys(caplog):
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("count config: ")]
     assert len(logged) == 1
     assert json.loads(logged[0].removeprefix("count config: "))["pattern"] == "gpt2"
+
+
+def test_the_api_never_mixes_a_progress_bar_into_log_lines(monkeypatch):
+    """A program without logging gets our lines through the handler that clears the bar
+    around each one; a program whose own handler writes to stderr gets no bar; one that
+    logs to a file keeps the bar (on a terminal)."""
+    import io
+    import logging
+
+    from pipeline import api
+    from pipeline.config import COUNT
+    from pipeline.progress import BarAwareHandler
+
+    root, ours = logging.getLogger(), logging.getLogger("pipeline")
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(ours, "handlers", [])
+    cfg, _ = api._config(COUNT, "data/sample", {"output": "out/x"})
+    assert cfg.progress_bar and [type(h) for h in ours.handlers] == [BarAwareHandler]
+    for stream, bar in ((sys.stderr, False), (io.StringIO(), True)):
+        monkeypatch.setattr(ours, "handlers", [])
+        monkeypatch.setattr(root, "handlers", [logging.StreamHandler(stream)])
+        cfg, _ = api._config(COUNT, "data/sample", {"output": "out/x"})
+        assert cfg.progress_bar is bar and not ours.handlers
 
 
 def test_py4j_tracebacks_of_an_interrupted_call_stay_out_of_the_log():
