@@ -53,18 +53,26 @@ class Run:
     stats: dict = field(repr=False)
     already_done: bool = False
     names: tuple[str, ...] = field(default=(), repr=False)  # what the run directory holds
+    # a run on another filesystem: what the encoders need, read while the session was up
+    # (the call may stop the session it made)
+    meta: dict | None = field(default=None, repr=False)
+    export: Any = field(default=None, repr=False)
 
     def tokenizer(self) -> Tokenizer:
         """The reference encoder for this run (``pipeline.encoder.Tokenizer``)."""
         from pipeline.encoder import Tokenizer
 
+        if self.meta is not None:
+            return Tokenizer.from_meta(self.meta, fsutil.join(self.dir, "tokenizer_meta.json"))
         return Tokenizer.load(self.dir)
 
-    def tiktoken(self):
-        """A ``tiktoken.Encoding`` built from the run's export."""
+    def tiktoken(self, ignore_normalization: bool = False):
+        """A ``tiktoken.Encoding`` built from the run's export (see
+        ``pipeline.outputs.load_tiktoken``)."""
         from pipeline.outputs import load_tiktoken
 
-        return load_tiktoken(self.dir)
+        return load_tiktoken(self.dir, ignore_normalization=ignore_normalization,
+                             export=self.export)
 
     @property
     def files(self) -> list[str]:
@@ -198,8 +206,25 @@ def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,
     with _session(cfg, spark, "spark-bpe api train", options) as session:
         result = train_run(session, cfg, frame=frame)
         names = _run_files(session, result.run_dir)
+        meta = export = None
+        if not fsutil.is_local(result.run_dir):
+            meta, export = _encoder_files(session, result.run_dir, names)
     return Run(result.run_dir, int(result.stats.get("merges", len(result.merges))),
-               result.stats, result.already_done, names)
+               result.stats, result.already_done, names, meta, export)
+
+
+def _encoder_files(spark: SparkSession, run_dir: str, names: tuple[str, ...]
+                   ) -> tuple[dict, Any]:
+    """A run's ``tokenizer_meta.json`` and tiktoken export (None for a chars run), read
+    through ``spark``."""
+    import json
+
+    from pipeline.outputs import read_tiktoken_export
+
+    meta = json.loads(fsutil.read_text(spark, fsutil.join(run_dir, "tokenizer_meta.json")))
+    export = (read_tiktoken_export(run_dir, spark) if "tokenizer.tiktoken" in names
+              else None)
+    return meta, export
 
 
 def _run_files(spark: SparkSession, run_dir: str) -> tuple[str, ...]:

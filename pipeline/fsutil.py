@@ -78,6 +78,27 @@ def local_path(path: str) -> str:
     return rest
 
 
+class NeedsSpark(RuntimeError):
+    """A path on another filesystem (hdfs://, s3a://, ...) with no Spark session to reach it."""
+
+
+def _session_for(spark: SparkSession | None, path: str) -> SparkSession | None:
+    """The session that reaches ``path``: ``spark``, else (for a path that is not local) the
+    active one; without any, :class:`NeedsSpark` (never the local file of that name)."""
+    if spark is not None or is_local(path):
+        return spark
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:  # (pipeline.encoder without pyspark)
+        active = None
+    else:
+        active = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    if active is None:
+        raise NeedsSpark(f"{path} is not on the local filesystem: reading or writing it takes "
+                         "a Spark session (start one first, or copy it to a local path)")
+    return active
+
+
 def _fs(spark: SparkSession, path: str):
     jvm = spark.sparkContext._jvm
     p = jvm.org.apache.hadoop.fs.Path(path)
@@ -97,14 +118,16 @@ def _fs(spark: SparkSession, path: str):
 
 
 def exists(spark: SparkSession | None, path: str) -> bool:
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         return os.path.exists(local_path(path))
     fs, p = _fs(spark, path)
     return bool(fs.exists(p))
 
 
 def delete(spark: SparkSession | None, path: str) -> None:
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         lp = local_path(path)
         if os.path.isdir(lp):
             shutil.rmtree(lp, ignore_errors=True)
@@ -178,7 +201,8 @@ def _writing(spark: SparkSession, path: str):
 
 
 def mkdirs(spark: SparkSession | None, path: str) -> None:
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         os.makedirs(local_path(path), exist_ok=True)
         return
     fs, p = _fs(spark, path)
@@ -188,7 +212,8 @@ def mkdirs(spark: SparkSession | None, path: str) -> None:
 
 def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
     """The names in a directory, or None when ``path`` is not a directory."""
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         lp = local_path(path)
         return sorted(os.listdir(lp)) if os.path.isdir(lp) else None
     fs, p = _fs(spark, path)
@@ -210,7 +235,8 @@ def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
     ``_`` or ``.`` at any level (as Spark's readers do), as URIs; None when ``path`` is not a
     directory."""
     hidden = ("_", ".")
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         lp = os.path.abspath(local_path(path))
         if not os.path.isdir(lp):
             return None
@@ -232,7 +258,8 @@ def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
 
 
 def read_text(spark: SparkSession | None, path: str) -> str:
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         with open(local_path(path), encoding="utf-8") as fh:
             return fh.read()
     fs, p = _fs(spark, path)
@@ -252,7 +279,8 @@ def read_text(spark: SparkSession | None, path: str) -> str:
 
 def write_text(spark: SparkSession | None, path: str, text: str) -> None:
     """Write a whole file atomically: a temp file beside it, then rename over it."""
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         lp = local_path(path)
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
@@ -341,7 +369,8 @@ def umask() -> int:
 def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
     """Create ``path`` holding ``text`` only if it does not exist (atomically where the
     filesystem can: O_EXCL locally, createNewFile on HDFS); False if it exists."""
-    if is_local(path) or spark is None:
+    spark = _session_for(spark, path)
+    if is_local(path):
         lp = local_path(path)
         os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
         try:
@@ -420,7 +449,8 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
     :func:`staging_dir` wrote in place)."""
     if tmp.rstrip("/") == final.rstrip("/"):
         return
-    if is_local(final) or spark is None:
+    spark = _session_for(spark, final)
+    if is_local(final):
         lt, lf = local_path(tmp), local_path(final)
         if os.path.exists(lf):
             old = f"{lf}.old-{uuid.uuid4().hex[:8]}"

@@ -449,7 +449,8 @@ def read_tiktoken_export(run_dir: str, spark=None) -> TiktokenExport:
                           meta.get("normalization", "none"))
 
 
-def load_tiktoken(run_dir: str, *, ignore_normalization: bool = False):
+def load_tiktoken(run_dir: str, *, ignore_normalization: bool = False,
+                  export: TiktokenExport | None = None):
     """A ``tiktoken.Encoding`` for a run directory (needs the ``tiktoken`` package)::
 
         enc = load_tiktoken("out/run")
@@ -468,10 +469,11 @@ def load_tiktoken(run_dir: str, *, ignore_normalization: bool = False):
 
     tiktoken cannot lowercase or normalize: for a run trained with either, this raises unless
     ``ignore_normalization=True`` (then prepare the text yourself, as the run's
-    ``tiktoken.json`` says)."""
+    ``tiktoken.json`` says). ``export``: the export already read (a run on another
+    filesystem, read through Spark: ``read_tiktoken_export(run_dir, spark)``)."""
     import tiktoken
 
-    exp = read_tiktoken_export(run_dir)
+    exp = export or read_tiktoken_export(run_dir)
     if (exp.lowercase or exp.normalization != "none") and not ignore_normalization:
         raise ValueError(
             f"{run_dir} was trained with normalization={exp.normalization!r}, "

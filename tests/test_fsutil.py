@@ -87,7 +87,7 @@ def test_uri_schemes(path, scheme, local, object_store, local_path):
         assert fsutil.local_path(path) == local_path
 
 
-def test_outputs_are_staged_beside_except_on_object_stores(tmp_path):
+def test_outputs_are_staged_beside_except_on_object_stores(tmp_path, monkeypatch):
     final = str(tmp_path / "words")
     staged = fsutil.staging_dir(None, final, "word_table.json")
     assert staged.startswith(final + ".tmp-")  # renamed into place when complete
@@ -96,9 +96,13 @@ def test_outputs_are_staged_beside_except_on_object_stores(tmp_path):
     assert (tmp_path / "words").is_dir() and not (tmp_path / "staged").exists()
     fsutil.replace_dir(None, final, final)  # written in place (object store): nothing to do
     assert (tmp_path / "words").is_dir()
-    # on an object store the output is written in place (marker last), never renamed
+    # on an object store the output is written in place (marker last), never renamed: the
+    # marker goes first, so that readers stop trusting the old output before it changes
+    deleted: list[str] = []
+    monkeypatch.setattr(fsutil, "delete", lambda spark, path: deleted.append(path))
     assert fsutil.staging_dir(None, "s3a://bucket/run/words", "word_table.json") == \
         "s3a://bucket/run/words"
+    assert deleted == ["s3a://bucket/run/words/word_table.json", "s3a://bucket/run/words"]
 
 
 @pytest.mark.spark

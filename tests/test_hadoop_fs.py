@@ -152,3 +152,28 @@ def test_plain_paths_are_local_whatever_the_default_filesystem(spark, tmp_path, 
     assert run.merges == ref.merges
     assert (tmp_path / "run" / "words" / "data").is_dir()
     assert encoded.stats["stats"]["rows"] > 0 and list((tmp_path / "encoded").glob("*.parquet"))
+
+
+def test_a_run_on_another_filesystem_loads_through_spark_never_as_a_local_file(
+        spark, tmp_path, via_hadoop, monkeypatch):
+    """The encoders of a run on hdfs:// or s3a:// (here file: URIs through the Hadoop branch)
+    load through the active Spark session; with none there is one error saying so (not "no
+    run directory", which looking for a local file of that name said); a Run the Python API
+    returns holds what its encoders need, read while its session was up, so they load after
+    the call has stopped a session it made."""
+    from pyspark.sql import SparkSession
+
+    from pipeline import api
+    from pipeline.encoder import Tokenizer
+
+    run = api.train(str(SAMPLE), output=f"file://{tmp_path}/run", vocab_size=300, spark=spark)
+    text = "the remote tokenizer, 2024"
+    ids = Tokenizer.load(run.dir).encode(text)  # (the active session: the fixture's)
+    assert run.meta is not None and run.export is not None
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+    with pytest.raises(fsutil.NeedsSpark, match=rf"^file://{tmp_path}/run\S* is not on the "
+                                                r"local filesystem: reading or writing it "
+                                                r"takes a Spark session"):
+        Tokenizer.load(run.dir)
+    assert run.tokenizer().encode(text) == ids == run.tiktoken().encode(text)
