@@ -629,3 +629,50 @@ def test_the_api_on_an_existing_session_keeps_its_settings(spark, tmp_path, capl
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
         sc.setLocalProperty("spark.job.interruptOnCancel", None)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("source", ["frame", "words"])
+def test_a_new_table_from_a_dataframe_or_words_marks_the_run_incomplete_first(
+        spark, tmp_path, monkeypatch, source):
+    """A DataFrame or an external word table is read again on every run: when it now gives
+    another table, the run's run.json goes before that table replaces RUN/words (a run
+    killed after that leaves no "complete" run beside a word table it was not trained on);
+    when it gives the same table, the run stays complete (and the rerun has nothing to do)."""
+    import pipeline.train as train_module
+
+    def corpus(rows: list[str]):
+        if source == "frame":
+            return {"frame": spark.createDataFrame([(r,) for r in rows], "text string")}
+        path = tmp_path / f"words-{len(rows)}.tsv"
+        counts: dict[str, int] = {}
+        for r in rows:
+            for w in r.split():
+                counts[" " + w] = counts.get(" " + w, 0) + 1
+        path.write_text("".join(f"{w}\t{c}\n" for w, c in counts.items()))
+        return {"words": str(path)}
+
+    first, second = ["some words here"] * 50, ["other words there and here"] * 40
+    run = tmp_path / "run"
+
+    def train_on(rows: list[str]):
+        given = corpus(rows)
+        cfg = Config(output=str(run), vocab_size=262, progress_bar=False,
+                     words=given.get("words", ""))
+        return train(spark, cfg, frame=given.get("frame"))
+
+    train_on(first)
+    assert (run / "run.json").exists()
+
+    def killed(*args, **kwargs):  # the run stops right after its word table is in place
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "adopt_table_settings", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_on(first)  # the same table again: the run stays complete
+    assert (run / "run.json").exists()
+    with pytest.raises(KeyboardInterrupt):
+        train_on(second)  # another table: no run.json beside it
+    assert (run / "words" / "word_table.json").exists() and not (run / "run.json").exists()
+    monkeypatch.undo()
+    assert len(train_on(second).merges) == 5 and (run / "run.json").exists()

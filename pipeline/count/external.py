@@ -199,10 +199,13 @@ def canonical(table: pa.Table) -> pa.Table:
 
 
 def import_word_table(spark, cfg: Config, source: str, dest: str,
-                      check: Callable[[], None] | None = None) -> dict:
+                      check: Callable[[], None] | None = None,
+                      before_replacing: Callable[[dict | None], None] | None = None) -> dict:
     """Write ``source`` (an external table) as a word table of ours at ``dest``; returns its
     metadata (the pretokenizer settings are the run's own: the table is taken as given).
-    ``check``: the output's lease, checked before publishing."""
+    ``check``: the output's lease, checked before publishing; ``before_replacing``: called
+    with the new table's metadata just before it replaces ``dest`` (with None before an
+    object store's old table is emptied to be written over in place)."""
     names = fsutil.list_dir(spark, source)
     if names and "words" in names and fsutil.exists(
             spark, fsutil.join(source, "words", "word_table.json")):
@@ -214,6 +217,8 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
     table = canonical(read_tsv(source, spark) if is_tsv else read_parquet(spark, source))
     if table.num_rows == 0:
         raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
+    if before_replacing is not None and fsutil.is_object_store(dest):
+        before_replacing(None)
     tmp = fsutil.staging_dir(spark, dest, "word_table.json")
     write_table_data(spark, table, fsutil.join(tmp, "data"))
     words = int(pc.sum(table.column("count")).as_py())
@@ -223,7 +228,13 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
              "unique_words": table.num_rows}
     meta = word_table_meta(cfg.pretokenizer_spec(), cfg.text_column, 0, stats,
                            {"input": "", "external": source}, summary=table_summary(table))
-    publish_word_table(spark, tmp, dest, meta, stats, check=check)
+    def check_and_prepare() -> None:
+        if check is not None:
+            check()
+        if before_replacing is not None and not fsutil.is_object_store(dest):
+            before_replacing(meta)
+
+    publish_word_table(spark, tmp, dest, meta, stats, check=check_and_prepare)
     log.info("imported the external word table %s: %d distinct words, %d words (first-seen "
              "order: %s) -> %s", source, table.num_rows, words,
              "its first_seen column" if _has_first_seen(source, is_tsv) else "its row order",

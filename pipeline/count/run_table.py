@@ -4,6 +4,7 @@ plumbing around the count stage; ``train.prepare`` calls :func:`word_table_for`)
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -56,7 +57,8 @@ def word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
             log.info("removed %s, left by an interrupted run", path)
         if cfg.words:  # made elsewhere: imported into the run directory, taken as given
             _refuse_other_settings(spark, cfg, 0)
-            import_word_table(spark, cfg, cfg.words, own, lease.check)
+            import_word_table(spark, cfg, cfg.words, own, lease.check,
+                              _unless_the_same(spark, own, invalidate_run))
             return WordTableChoice(open_word_table(spark, own), 0.0)
         return _own_word_table(spark, cfg, progress, frame, own, lease, t0, invalidate_run)
 
@@ -101,11 +103,29 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     # beside a new table: it goes when the new table replaces the old one, not before (a
     # count that fails leaves the earlier run complete). A DataFrame is counted on every run:
     # the same one gives the same table, and the run stays complete.
-    invalidate = None if frame is not None else invalidate_run
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
-    wt = count_words(spark, sub, progress, frame, lease, invalidate)
+    wt = count_words(spark, sub, progress, frame, lease,
+                     _unless_the_same(spark, own, invalidate_run))
     return WordTableChoice(wt, time.time() - t0)
+
+
+def _unless_the_same(spark: SparkSession, own: str, invalidate_run: Callable[[], None]
+                     ) -> Callable[[dict | None], None]:
+    """What to do just before a new table replaces the run's own: mark the run incomplete
+    (``invalidate_run``) unless the new table is the one there now (the same digest: a
+    DataFrame or an external table counted again), whose run stays complete."""
+    try:
+        before = json.loads(fsutil.read_text(spark, fsutil.join(own, "word_table.json")))
+    except Exception:  # noqa: BLE001 - none there, or unreadable: nothing to compare with
+        before = {}
+
+    def replacing(new: dict | None) -> None:
+        old_digest = before.get("digest")
+        if new is None or old_digest is None or new.get("digest") != old_digest:
+            invalidate_run()
+
+    return replacing
 
 
 def _reusable_table(spark: SparkSession, own: str) -> WordTable | None:

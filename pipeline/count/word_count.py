@@ -372,16 +372,17 @@ def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) 
 
 def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = None,
                 frame: DataFrame | None = None, lease: Lease | None = None,
-                before_replacing: Callable[[], None] | None = None) -> WordTable:
+                before_replacing: Callable[[dict | None], None] | None = None) -> WordTable:
     """Run the word-count stage and write the word table to ``cfg.output`` atomically, holding
     the output's lease (:meth:`pipeline.lease.Lease.beside`; ``lease``: already held by the
     caller) throughout, with heartbeats while it runs (rows and bytes the tasks have read, see
     :class:`pipeline.spark_session.TaskCounts`; tasks done from Spark's status tracker). ``frame``:
     count this DataFrame's ``text_column`` instead of ``cfg.input`` (corpus order: its
-    partitions in order, rows in partition order). ``before_replacing``: called once the
-    count has succeeded, just before the new table replaces the one at ``cfg.output`` (or
-    before writing starts, where the table is written in place: an object store), so that a
-    failed count leaves everything as it was (a run's ``run.json`` is removed there)."""
+    partitions in order, rows in partition order). ``before_replacing``: called with the new
+    table's metadata once the count has succeeded, just before the new table replaces the one
+    at ``cfg.output`` (or with None before writing starts, where the table is written in
+    place: an object store), so that a failed count leaves everything as it was (a run's
+    ``run.json`` is removed there when the table changes)."""
     t0 = time.time()
     check_replaceable(spark, cfg.output)
     progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
@@ -420,19 +421,19 @@ class _CountJob:
     t0: float
     counts: TaskCounts
     check: Callable[[], None]
-    before_replacing: Callable[[], None] | None = None
+    before_replacing: Callable[[dict | None], None] | None = None
 
     @property
     def in_place(self) -> bool:
         """Whether the table is written over the old one (an object store: no rename)."""
         return fsutil.is_object_store(self.cfg.output)
 
-    def check_and_prepare(self) -> None:
-        """Before publishing: the lease still ours, then ``before_replacing`` (unless it ran
-        before an in-place write)."""
+    def check_and_prepare(self, meta: dict) -> None:
+        """Before publishing the table ``meta`` describes: the lease still ours, then
+        ``before_replacing`` (unless it ran before an in-place write)."""
         self.check()
         if self.before_replacing is not None and not self.in_place:
-            self.before_replacing()
+            self.before_replacing(meta)
 
 
 @dataclass(frozen=True)
@@ -482,7 +483,7 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
 
 def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
     if job.in_place and job.before_replacing is not None:
-        job.before_replacing()  # the old table is emptied and written over in place there:
+        job.before_replacing(None)  # the old table is emptied and written over in place there:
     tmp = fsutil.staging_dir(job.spark, job.cfg.output, "word_table.json")  # what depends
     try:  # on it goes first
         return _count_into(job, source, tmp)
@@ -583,7 +584,7 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
     meta = word_table_meta(spec, cfg.text_column, cfg.max_word_bytes, stats, origin, left_out,
                            None if merged is None else table_summary(merged))
     publish_word_table(spark, tmp, cfg.output, meta, stats, cfg.to_json(COUNT),
-                       job.check_and_prepare)
+                       lambda: job.check_and_prepare(meta))
     log.info(
         "word table: %d unique words, %d words, %d rows (%d null, %d empty) in %.1f s -> %s",
         stats["unique_words"], stats["words"], stats["rows"], stats["null_rows"],
