@@ -177,3 +177,26 @@ def test_a_run_on_another_filesystem_loads_through_spark_never_as_a_local_file(
                                                 r"takes a Spark session"):
         Tokenizer.load(run.dir)
     assert run.tokenizer().encode(text) == ids == run.tiktoken().encode(text)
+
+
+def test_the_input_fingerprint_through_hadoop_names_a_file_removed_while_listed(
+        spark, tmp_path, via_hadoop):
+    """On hdfs:// or an object store the sizes and times come from one listing per folder; a
+    file listed for the count but gone by then is one line naming it, as for local files
+    (it counted as size -1 before, a fingerprint that matched nothing and said nothing)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.config import ConfigError
+    from pipeline.count.corpus import input_fingerprint
+
+    for name in ("a b.parquet", "c%d.parquet"):
+        pq.write_table(pa.table({"text": ["a row"]}), tmp_path / name)
+    files = sorted(f.getPath().toString() for f in fsutil._fs(spark, f"file://{tmp_path}")[0]
+                   .listStatus(fsutil._fs(spark, f"file://{tmp_path}")[1]))
+    fp = input_fingerprint(spark, files)
+    assert fp["files"] == 2 and fp["bytes"] == sum(
+        (tmp_path / n).stat().st_size for n in ("a b.parquet", "c%d.parquet"))
+    with pytest.raises(ConfigError, match=r"gone\.parquet was removed while the input was "
+                                          r"listed"):
+        input_fingerprint(spark, [*files, f"file:{tmp_path}/gone.parquet"])

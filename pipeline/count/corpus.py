@@ -761,8 +761,22 @@ def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int
                                                            int(s.getModificationTime()))
                   for s in fs.listStatus(p)}
         for f in members:
-            out[f] = listed.get(f, (-1, -1))
+            out[f] = listed.get(f) or _file_status(spark, f)
     return [out[f] for f in files]
+
+
+def _file_status(spark: SparkSession, f: str) -> tuple[int, int]:
+    """One file's (size, modification time), asked for by name: for a file its parent's
+    listing did not show under that spelling; gone, it was removed while the input was
+    listed."""
+    fs, p = fsutil._fs(spark, f)
+    try:
+        s = fs.getFileStatus(p)
+    except Exception as exc:
+        if "FileNotFoundException" in str(exc):
+            raise removed_while_listed(f) from None
+        raise
+    return int(s.getLen()), int(s.getModificationTime())
 
 
 def describe_input_change(old: dict | None, new: dict) -> str:
