@@ -676,3 +676,49 @@ def test_a_new_table_from_a_dataframe_or_words_marks_the_run_incomplete_first(
     assert (run / "words" / "word_table.json").exists() and not (run / "run.json").exists()
     monkeypatch.undo()
     assert len(train_on(second).merges) == 5 and (run / "run.json").exists()
+
+
+@pytest.mark.spark
+def test_a_view_redefined_over_the_same_files_is_counted_again(spark, formats, tmp_path,
+                                                               caplog):
+    """--input-table naming a view: its files do not change when it is redefined (another
+    filter), its definition does: the rerun counts again and trains as a fresh run on the new
+    view would; the same definition again is reused."""
+    caplog.set_level(logging.INFO, logger="pipeline")
+    src = str(formats["parquet"] / "a")
+
+    def define(cond: str) -> None:
+        spark.read.parquet(src).where(cond).createOrReplaceTempView("corpus_redefined")
+
+    def run(out: str):
+        return train(spark, Config(input_table="corpus_redefined", output=str(tmp_path / out),
+                                   vocab_size=300, progress_bar=False))
+
+    try:
+        define("length(text) % 2 = 0")
+        run("run")
+        define("length(text) % 2 = 1")
+        caplog.clear()
+        again = run("run")
+        assert "recounting: the input changed" in caplog.text
+        assert again.merges == run("fresh").merges
+        caplog.clear()
+        run("run")
+        assert "reusing the word table already counted" in caplog.text
+    finally:
+        spark.catalog.dropTempView("corpus_redefined")
+
+
+def test_a_delta_table_s_version_is_its_newest_commit(tmp_path):
+    """Part of the input fingerprint of --input-format delta: a commit that adds no data
+    file (a DELETE with deletion vectors) still changes the version."""
+    from pipeline.count.corpus import delta_version
+
+    log = tmp_path / "t" / "_delta_log"
+    assert delta_version(None, str(tmp_path / "t")) == -1
+    log.mkdir(parents=True)
+    for name in ("00000000000000000000.json", "00000000000000000010.checkpoint.parquet",
+                 "00000000000000000011.json", "_last_checkpoint", ".00000000000000000012.json"
+                 ".tmp", "00000000000000000011.crc"):
+        (log / name).write_text("{}")
+    assert delta_version(None, str(tmp_path / "t")) == 11

@@ -715,13 +715,16 @@ def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, p
 
 
 def input_fingerprint(spark: SparkSession, files: list[str],
-                      footers: dict[str, pq.FileMetaData] | None = None) -> dict:
+                      footers: dict[str, pq.FileMetaData] | None = None,
+                      cfg: Config | None = None) -> dict:
     """What the count read, summarised: every file's path, size and modification time (and,
-    for local files, its Parquet footer's row count). Two listings with the same digest are the
+    for local files, its Parquet footer's row count); for a catalog table or view, its
+    definition; for a Delta table, its version. Two listings with the same digest are the
     same input as far as anything short of reading every byte can tell; a shard added, removed,
-    rewritten or touched changes it."""
+    rewritten or touched changes it, and so does a view redefined over the same files or a
+    Delta commit that adds no file (a DELETE with deletion vectors)."""
     statuses = _file_statuses(spark, files)
-    entries = []
+    entries = _source_versions(spark, cfg) if cfg is not None else []
     for f, (size, mtime) in zip(files, statuses):
         rows = None
         if fsutil.is_local(f):
@@ -738,6 +741,28 @@ def input_fingerprint(spark: SparkSession, files: list[str],
         "newest_mtime_ms": max((mtime // 1_000_000 if fsutil.is_local(f) else mtime
                                 for f, (_, mtime) in zip(files, statuses)), default=0),
     }
+
+
+def _source_versions(spark: SparkSession, cfg: Config) -> list[str]:
+    """What the files alone do not show: a catalog table's or view's analyzed plan (its
+    definition and columns, expression ids left out), a Delta table's newest commit."""
+    out = []
+    if cfg.input_table:
+        try:
+            plan = spark.table(cfg.input_table)._jdf.queryExecution().analyzed().toString()
+        except Exception as exc:  # noqa: BLE001 - read again by the count, which names it
+            plan = f"unknown: {type(exc).__name__}"
+        out.append(f"table\t{cfg.input_table}\t{re.sub(r'#[0-9]+L?', '', plan)}")
+    if cfg.input_format == "delta":
+        out += [f"delta\t{src}\t{delta_version(spark, src)}" for src in cfg.inputs]
+    return out
+
+
+def delta_version(spark: SparkSession | None, table: str) -> int:
+    """The newest commit of the Delta table at ``table`` (-1 when it has no log)."""
+    names = fsutil.list_dir(spark, fsutil.join(table, "_delta_log")) or []
+    found = [int(m.group(1)) for n in names if (m := re.match(r"(\d{20})\.(json|checkpoint)", n))]
+    return max(found, default=-1)
 
 
 def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int]]:

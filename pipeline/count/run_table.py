@@ -88,7 +88,7 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
                      "cut special tokens after normalization and lowercasing", own)
         else:
             files, footers = list_input(spark, cfg)
-            now = input_fingerprint(spark, files, footers)
+            now = input_fingerprint(spark, files, footers, cfg)
             then = wt.meta.get("input_fingerprint")
             if then and then.get("digest") == now["digest"]:
                 if not fsutil.is_local(own) or "byte_symbols" not in wt.meta:

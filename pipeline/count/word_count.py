@@ -468,7 +468,7 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
             raise
     assert corpus is not None
     try:
-        fingerprint = input_fingerprint(spark, corpus.files, footers) if frame is None \
+        fingerprint = input_fingerprint(spark, corpus.files, footers, cfg) if frame is None \
             else {"files": 0, "bytes": 0, "digest": "a DataFrame: never reused"}
         return _count_and_write(job, _Input(corpus, plan, fingerprint, skipped or []))
     except Exception as exc:
