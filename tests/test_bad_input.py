@@ -491,6 +491,25 @@ def test_a_table_that_skipped_a_file_is_not_reused_by_a_run_that_does_not_skip(s
 
 
 @pytest.mark.spark
+def test_spark_s_reader_lists_unreadable_files_not_empty_ones(spark, tmp_path):
+    """Under --count-reader spark, Spark skips an unreadable file silently: the files that
+    gave no rows are the skipped ones, but for a valid Parquet file with no rows (an empty
+    shard a writer left), which is not listed as unreadable."""
+    from pipeline.count.word_count import count_words
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": normal_rows()}), tmp_path / "in" / "part-0.parquet")
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}),
+                   tmp_path / "in" / "part-1.parquet")
+    whole = (tmp_path / "in" / "part-0.parquet").read_bytes()
+    (tmp_path / "in" / "part-2.parquet").write_bytes(whole[: len(whole) // 2])
+    wt = count_words(spark, Config(input=str(tmp_path / "in"), output=str(tmp_path / "w"),
+                                   count_reader="spark", ignore_corrupt_files=True))
+    assert [f.rsplit("/", 1)[1] for f in wt.meta["left_out"]["unreadable_files"]] == \
+        ["part-2.parquet"]
+
+
+@pytest.mark.spark
 def test_files_in_plain_subfolders_are_an_error_not_a_corpus_read_in_part(spark, tmp_path):
     """Spark's readers leave out files in subfolders that are not key=value partitions: next
     to a file, the run trained on that file alone (and a later subfolder changed nothing);

@@ -507,8 +507,19 @@ def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list
         elif value:
             with_rows.add(index)
     if spark_read and ignore:  # Spark skips unreadable files silently: they gave no rows
-        skipped += [f for i, f in enumerate(files) if i not in with_rows]
+        skipped += [f for i, f in enumerate(files) if i not in with_rows and not _empty(f)]
     return sorted(set(skipped))
+
+
+def _empty(file: str) -> bool:
+    """Whether a file that gave Spark's reader no rows is a readable local Parquet file with
+    none (not one Spark skipped as unreadable). Other files cannot tell: listed as skipped."""
+    if not (fsutil.is_local(file) and file.endswith(".parquet")):
+        return False
+    try:
+        return pq.ParquetFile(fsutil.local_path(file)).metadata.num_rows == 0  # (decoded)
+    except Exception:  # noqa: BLE001 - unreadable: it was skipped
+        return False
 
 
 def _merge(job: _CountJob, partials: Partials, n_files: int, tmp: str, reader: str
