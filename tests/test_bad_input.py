@@ -671,3 +671,38 @@ def test_bad_settings_are_one_config_error(tmp_path, args, message):
         return
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(resolve(argv), "train")
+
+
+_SETTING_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=st.lists(_SETTING_TEXT, max_size=4),
+       pattern=st.one_of(st.sampled_from(["gpt2", "cl100k", "o200k"]), _SETTING_TEXT),
+       alphabet=st.sampled_from(["bytes", "chars"]))
+def test_any_special_tokens_or_pattern_are_accepted_or_one_config_error_line(
+        tmp_path, tokens, pattern, alphabet):
+    """Random special tokens and split patterns through a job's command line, as a scheduler
+    passes them: each setting is either taken (the job's body runs) or refused with one
+    `error: config key ...` line and exit 2 before the body; never a traceback or exit 1."""
+    import contextlib
+    import io
+
+    from pipeline import cli
+
+    argv = ["--input", str(SAMPLE), "--output", str(tmp_path / "o"), "--vocab-size", "600",
+            "--alphabet", alphabet, f"--special-tokens={','.join(tokens)}",
+            f"--pattern={pattern}"]
+    ran = []
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli._run("train", "test", lambda cfg: ran.append(cfg) or 0, argv)
+    lines = [ln for ln in err.getvalue().splitlines() if ln.startswith("error:")]
+    assert "Traceback" not in err.getvalue()
+    if code == 0:
+        assert len(ran) == 1 and not lines
+    else:
+        assert code == 2 and not ran, err.getvalue()
+        assert len(lines) == 1 and lines[0].startswith("error: config key '"), err.getvalue()
+    assert not (tmp_path / "o").exists()
