@@ -366,10 +366,13 @@ def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tm
 
 
 def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
-    """pipeline.api with a path, a DataFrame and a word table: the same merges as the job;
+    """pipeline.api with a path, a DataFrame and a word table: the same merges as the job
+    (which are the oracle's: no code in common with the pipeline's count or engines);
     encode with a path, a list of paths and a DataFrame: the same ids."""
     from pipeline import api
     from pipeline.config import ConfigError
+
+    from .sparkjobs import oracle_merges, oracle_merges_txt
 
     run = api.train(str(SAMPLE), output=str(tmp_path / "run"), vocab_size=500)
     assert run.merges == 500 - 257 and not run.already_done
@@ -386,6 +389,7 @@ def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     by_frame = api.train(frame, output=str(tmp_path / "frame"), vocab_size=500)
     assert by_frame.stats["merges"] == 243
     ours = [line for line in (tmp_path / "run" / "merges.txt").read_text().splitlines()]
+    assert ours == oracle_merges_txt(oracle_merges(SAMPLE, Config(vocab_size=500))).splitlines()
     assert (tmp_path / "frame" / "merges.txt").read_text().splitlines() == ours
     meta = api.count_words(str(SAMPLE), output=str(tmp_path / "words"))
     assert meta["unique_words"] == run.stats["words_in_table"]
