@@ -82,7 +82,10 @@ class RunResult:
 
 
 def _char_vocab(words: DataFrame, suffix: str) -> BaseVocab:
-    """chars alphabet: the distinct characters in order of first appearance."""
+    """chars alphabet: the distinct characters in order of first appearance (word's
+    first_seen, then offset in the word), computed by Spark over the word table: the
+    distributed form of :func:`pipeline.bpe.initial_words`' rule, kept apart from it as the
+    oracle is kept apart from the engines (the chars tests hold the two equal)."""
 
     def firsts(batches):
         seen: dict[str, tuple[int, int]] = {}
