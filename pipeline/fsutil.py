@@ -277,8 +277,15 @@ def read_text(spark: SparkSession | None, path: str) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+# object stores whose connectors upload an object on close: a reader sees the old object or
+# the new one, never part of it, so a file there is written in place (a rename would be a
+# copy and a delete, with a moment of no file at all between them)
+WHOLE_ON_CLOSE = frozenset({"s3", "s3a", "s3n", "gs", "oss", "cos", "cosn", "obs", "r2"})
+
+
 def write_text(spark: SparkSession | None, path: str, text: str) -> None:
-    """Write a whole file atomically: a temp file beside it, then rename over it."""
+    """Write a whole file atomically: a temp file beside it, then rename over it (on an object
+    store that uploads on close, :data:`WHOLE_ON_CLOSE`, the file itself)."""
     spark = _session_for(spark, path)
     if is_local(path):
         lp = local_path(path)
@@ -300,6 +307,14 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
             raise
         return
     fs, p = _fs(spark, path)
+    if scheme(path) in WHOLE_ON_CLOSE:
+        with _writing(spark, path):
+            out = fs.create(p, True)
+            try:
+                out.write(bytearray(text.encode("utf-8")))
+            finally:
+                out.close()  # (the upload: the object appears, or the old one stays)
+        return
     jvm = spark.sparkContext._jvm
     tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".tmp-{uuid.uuid4().hex[:8]}")
     with _writing(spark, path):

@@ -200,3 +200,21 @@ def test_the_input_fingerprint_through_hadoop_names_a_file_removed_while_listed(
     with pytest.raises(ConfigError, match=r"gone\.parquet was removed while the input was "
                                           r"listed"):
         input_fingerprint(spark, [*files, f"file:{tmp_path}/gone.parquet"])
+
+
+def test_a_store_that_uploads_on_close_is_written_in_place(spark, tmp_path, via_hadoop,
+                                                           monkeypatch):
+    """On S3 or GCS (an object appears whole when its upload closes) a file is written in
+    place: no temp object, no rename (a copy and a delete there); elsewhere through a temp
+    file renamed over it. (Here file: URIs stand for such a store.)"""
+    renamed = []
+    real = fsutil._rename_over
+    monkeypatch.setattr(fsutil, "_rename_over", lambda *a: renamed.append(a[-1]) or real(*a))
+    f = f"file://{tmp_path}/run/stats.json"
+    fsutil.write_text(spark, f, "renamed\n")
+    assert renamed == [f] and (tmp_path / "run" / "stats.json").read_text() == "renamed\n"
+    monkeypatch.setattr(fsutil, "WHOLE_ON_CLOSE", frozenset({"file"}))
+    fsutil.write_text(spark, f, "in place\n")
+    fsutil.write_text(spark, f"file://{tmp_path}/run/new.json", "{}\n")
+    assert renamed == [f] and (tmp_path / "run" / "stats.json").read_text() == "in place\n"
+    assert names(spark, f"file://{tmp_path}/run") == ["new.json", "stats.json"]
