@@ -71,6 +71,10 @@ class Run:
         ``pipeline.outputs.load_tiktoken``)."""
         from pipeline.outputs import load_tiktoken
 
+        if self.meta is not None and self.export is None:  # (read when the run ended)
+            raise FileNotFoundError(f"{self.dir} has no tiktoken export: the run starts from "
+                                    "characters (alphabet = 'chars'), which tiktoken cannot "
+                                    "represent")
         return load_tiktoken(self.dir, ignore_normalization=ignore_normalization,
                              export=self.export)
 

@@ -263,7 +263,12 @@ def read_text(spark: SparkSession | None, path: str) -> str:
         with open(local_path(path), encoding="utf-8") as fh:
             return fh.read()
     fs, p = _fs(spark, path)
-    stream = fs.open(p)
+    try:
+        stream = fs.open(p)
+    except Exception as exc:  # py4j's Java error: a missing file as Python says it
+        if "FileNotFoundException" in str(exc):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+        raise
     try:  # the whole file in one call (a py4j call per line cost ~0.1 ms each)
         text = str(spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(stream,
                                                                                  "UTF-8"))
@@ -308,12 +313,16 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         return
     fs, p = _fs(spark, path)
     if scheme(path) in WHOLE_ON_CLOSE:
+        data = bytearray(text.encode("utf-8"))
         with _writing(spark, path):
             out = fs.create(p, True)
             try:
-                out.write(bytearray(text.encode("utf-8")))
-            finally:
-                out.close()  # (the upload: the object appears, or the old one stays)
+                out.write(data)
+            except BaseException:  # never close (upload) a part: abort it where the stream can
+                with contextlib.suppress(Exception):
+                    out.abort()
+                raise
+            out.close()  # (the upload: the object appears whole, or the old one stays)
         return
     jvm = spark.sparkContext._jvm
     tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".tmp-{uuid.uuid4().hex[:8]}")

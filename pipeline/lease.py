@@ -2,7 +2,8 @@
 
 A scheduler may start a retry while the first attempt still runs, or two schedules may point
 at the same output. Before it writes anything, a training run takes the lease of its run
-directory (and of its checkpoint directory, when that is elsewhere): ``.lease.json`` with the
+directory, ``.lease.json``, and of its checkpoint directory, beside it
+(``.checkpoints.lease.json`` in the run directory for the default one), each with the
 holder's host, pid, start time and the time it last renewed it. The file is created
 exclusively (``O_EXCL`` locally, ``createNewFile`` on HDFS), renewed by a background thread
 every ``timeout / 4`` seconds, and deleted when the run ends.
@@ -46,6 +47,9 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
 
 
+_HELD_HERE: set[str] = set()  # the ids of the leases this process holds
+
+
 class LeaseHeld(ConfigError):
     """The directory is leased by another run that is still alive."""
 
@@ -55,10 +59,8 @@ class Lease:
     :meth:`beside` for an output that is replaced whole)."""
 
     def __init__(self, spark, directory: str, timeout: float, purpose: str = "run",
-                 name: str = NAME, tidy: bool = False):
+                 name: str = NAME):
         self.spark, self.dir, self.timeout, self.purpose = spark, directory, timeout, purpose
-        self.tidy = tidy  # remove the directory on release when acquire made it, left empty
-        self.made_dir = False
         self.path = fsutil.join(directory, name)
         self.held = directory  # what the error names
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), **_pid_space(),
@@ -133,8 +135,7 @@ class Lease:
                 holder = Lease(self.spark, here, self.timeout)._read()
             except Exception:  # noqa: BLE001 - what cannot be looked at holds no lease of ours
                 continue
-            if holder is None or (holder.get("host") == self.me["host"]
-                                  and int(holder.get("pid", -1)) == self.me["pid"]):
+            if holder is None or holder.get("id") in _HELD_HERE:  # (this process's own)
                 continue
             other = Lease(self.spark, here, float(holder.get("timeout", self.timeout)))
             if not other._gone(holder):
@@ -146,7 +147,6 @@ class Lease:
     # -- acquire / renew / release -----------------------------------------------------------------
     def acquire(self) -> Lease:
         self._refuse_inside_a_live_run()
-        self.made_dir = self.tidy and not fsutil.exists(self.spark, self.dir)
         fsutil.mkdirs(self.spark, self.dir)
         for _ in range(3):
             if fsutil.create_exclusive(self.spark, self.path, self._record()):
@@ -173,6 +173,7 @@ class Lease:
         self._thread = threading.Thread(target=self._renew, name="spark-bpe-lease",
                                         daemon=True)
         self._thread.start()
+        _HELD_HERE.add(self.me["id"])
         return self
 
     def _still_mine(self) -> bool:
@@ -218,6 +219,7 @@ class Lease:
         """Stop renewing and delete the file. A renewal being written (its fsync slow on a busy
         disk) is waited for first: written after the delete, it would leave a lease behind."""
         self._stop.set()
+        _HELD_HERE.discard(self.me["id"])
         try:
             if not self._renewing.acquire(timeout=RELEASE_WAIT_SECONDS):
                 log.warning("the lease %s is still being renewed after %g s; it is left to go "
@@ -231,11 +233,10 @@ class Lease:
         self._delete_if_mine()
 
     def _delete_if_mine(self) -> None:
+        _HELD_HERE.discard(self.me["id"])
         if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
             try:
                 fsutil.delete(self.spark, self.path)
-                if self.made_dir and fsutil.list_dir(self.spark, self.dir) == []:
-                    fsutil.delete(self.spark, self.dir)  # (nothing was written there)
             except Exception as exc:  # noqa: BLE001 - a leftover lease goes stale
                 log.warning("could not remove the lease %s: %s", self.path, exc)
 

@@ -117,7 +117,8 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     spark-submit's master; else spark-submit's; else local[*]. It changes only the master.
 
     Spark's settings are the user's: an option is set here only where spark-submit (``--conf``,
-    ``--name``, ``spark-defaults.conf``) left it unset, and the log level is never touched
+    ``--name``, ``spark-defaults.conf``) left it unset (but for what the job's own flags set
+    explicitly: ``--master``, ``--spark-ui on|off``), and the log level is never touched
     (the quick start ships ``conf/spark/log4j2.properties``; ``--conf spark.log.level=...`` or
     the user's own log4j config decide). What is set where unset: the application name, the
     web UI (``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local modes,

@@ -473,8 +473,10 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
     check_run_place(spark, cfg.output, (inside.split("/")[0],) if inside else ())
     with contextlib.ExitStack() as stack:
-        leases = [stack.enter_context(Lease(spark, d, cfg.lease_timeout_seconds, tidy=True))
-                  for d in _leased_dirs(cfg)]
+        timeout = cfg.lease_timeout_seconds
+        leases = [stack.enter_context(Lease(spark, cfg.output, timeout))] + [
+            stack.enter_context(Lease.beside(spark, d, timeout, "run"))
+            for d in _checkpoint_dir_leased(cfg)]
         own_progress = progress is None
 
         def holding() -> bool:  # no more progress.jsonl once another run took the directory
@@ -515,13 +517,14 @@ def summary(merges: int, stats: dict) -> str:
     return text + (" (stopped early: no pair qualifies)" if stats.get("stopped_early") else "")
 
 
-def _leased_dirs(cfg: Config) -> list[str]:
-    """The run directory, then the checkpoint directory (unless it is the run directory): also
-    when it lies inside the run directory, where another run given it as its
-    --checkpoint-dir may hold it (its lease is found only there: a lease is looked for in
-    the directories above the one taken, not below)."""
+def _checkpoint_dir_leased(cfg: Config) -> list[str]:
+    """The checkpoint directory, leased beside it (unless it is the run directory): also when
+    it lies inside the run directory, where another run given it as its --checkpoint-dir may
+    hold it (a lease is looked for in the directories above the one taken, not below). Beside
+    it, so that nothing is made inside it before a checkpoint is (a full disk there is the
+    checkpoint's to report) and a killed run leaves no directory behind."""
     ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
-    return [cfg.output] + ([ckdir] if same_or_inside(ckdir, cfg.output) != "" else [])
+    return [ckdir] if same_or_inside(ckdir, cfg.output) != "" else []
 
 
 def tokenizer_name(cfg: Config) -> str:

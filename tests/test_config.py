@@ -364,7 +364,7 @@ def test_the_api_logs_where_a_notebook_sees_it(monkeypatch):
     monkeypatch.setattr(ours, "handlers", [])
     monkeypatch.setattr(ours, "level", logging.NOTSET)
     api._config("count", "data/sample", {"output": "out/x"})
-    assert [type(h).__name__ for h in ours.handlers] == ["StreamHandler"]
+    assert [type(h).__name__ for h in ours.handlers] == ["BarAwareHandler"]
     assert ours.level == logging.INFO
     api._config("count", "data/sample", {"output": "out/x", "log_level": "WARNING"})
     assert len(ours.handlers) == 1 and ours.level == logging.WARNING

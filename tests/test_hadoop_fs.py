@@ -38,6 +38,8 @@ def test_file_operations_through_hadoop(spark, tmp_path, via_hadoop):
     assert fsutil._FILE_CONTEXTS[(id(spark.sparkContext), "file://")] is not None  # one step
     (tmp_path / "run" / "mixed.txt").write_bytes("a\r\nb\rc\n\nd é".encode())
     assert fsutil.read_text(spark, fsutil.join(run, "mixed.txt")) == "a\nb\nc\n\nd é\n"
+    with pytest.raises(FileNotFoundError):  # as a local read says it, not py4j's Java error
+        fsutil.read_text(spark, fsutil.join(run, "missing.json"))
     (tmp_path / "run" / "empty.txt").write_bytes(b"")
     assert fsutil.read_text(spark, fsutil.join(run, "empty.txt")) == ""
     lease = fsutil.join(run, "_lease.json")

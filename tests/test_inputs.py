@@ -726,3 +726,27 @@ def test_a_delta_table_s_version_is_its_newest_commit(tmp_path):
                  ".tmp", "00000000000000000011.crc"):
         (log / name).write_text("{}")
     assert delta_version(None, str(tmp_path / "t")) == 11
+
+
+@pytest.mark.spark
+def test_a_view_s_definition_in_the_fingerprint_is_the_same_on_every_analysis(spark):
+    """The analyzed plan numbers expressions and common table expressions afresh each time
+    it is made (a view with WITH): what the fingerprint keeps of it does not change, so such
+    a view is not counted again on every run; another definition still differs."""
+    from pipeline.count.corpus import stable_plan
+
+    spark.read.parquet(str(SAMPLE)).createOrReplaceTempView("fp_s")
+    try:
+        def plan(view: str) -> str:
+            return spark.table(view)._jdf.queryExecution().analyzed().toString()
+
+        for cond in (10, 20):
+            spark.sql(f"CREATE OR REPLACE TEMP VIEW fp_v{cond} AS WITH c AS (SELECT text FROM "
+                      f"fp_s WHERE length(text) > {cond}) SELECT * FROM c UNION ALL "
+                      "SELECT * FROM c")
+        first, second = plan("fp_v10"), plan("fp_v10")
+        assert first != second and "CTERelationDef" in first  # (numbered afresh)
+        assert stable_plan(first) == stable_plan(second) != stable_plan(plan("fp_v20"))
+    finally:
+        for view in ("fp_s", "fp_v10", "fp_v20"):
+            spark.catalog.dropTempView(view)

@@ -180,8 +180,10 @@ def test_an_output_replaced_whole_has_its_lease_beside_it(tmp_path):
 HOLDER = """
 import sys
 from pipeline.lease import Lease
-lease = (Lease(None, sys.argv[1], 60) if sys.argv[2] == "run"
-         else Lease.beside(None, sys.argv[1], 60, sys.argv[2])).acquire()
+kind = sys.argv[2]  # run: a run directory; else beside it (checkpoints: a run's checkpoints)
+lease = (Lease(None, sys.argv[1], 60) if kind == "run"
+         else Lease.beside(None, sys.argv[1], 60, "run" if kind == "checkpoints" else kind)
+         ).acquire()
 print("held", flush=True)
 sys.stdin.read()  # until the test closes stdin
 lease.release()
@@ -355,9 +357,10 @@ def test_train_counts_its_words_under_their_own_lease(spark, tmp_path):
 @pytest.mark.spark
 def test_a_run_refuses_its_checkpoints_while_another_run_checkpoints_there(spark, tmp_path):
     """Another live run was given RUN/checkpoints as its --checkpoint-dir (and holds its
-    lease there, below RUN): a run on RUN refuses, naming that holder, and touches neither
-    those checkpoints nor its own directory's lease; once that run is gone it trains, and a
-    checkpoints directory it made only for its lease goes with the lease when a run fails."""
+    lease, RUN/.checkpoints.lease.json): a run on RUN refuses, naming that holder, and
+    touches neither those checkpoints nor its own directory's lease; once that run is gone it
+    trains. A run leases its checkpoint directory beside it: a run that fails makes no
+    checkpoints directory."""
     from pipeline.config import Config, ConfigError
     from pipeline.train import train
 
@@ -370,14 +373,14 @@ def test_a_run_refuses_its_checkpoints_while_another_run_checkpoints_there(spark
     theirs.write_text("theirs\n")
     cfg = Config(input=str(tmp_path / "in"), output=str(run), vocab_size=260,
                  progress_bar=False)
-    with held_by_another_process(ckdir, "run") as pid:
+    with held_by_another_process(ckdir, "checkpoints") as pid:
         with pytest.raises(LeaseHeld, match=f"^{ckdir} is in use by another run \\(host "
                                             f"[^,]+, pid {pid}, "):
             train(spark, cfg)
         assert theirs.read_text() == "theirs\n" and not (run / NAME).exists()
     theirs.unlink()
     assert len(train(spark, cfg).merges) == 3
-    assert list(ckdir.glob("merges-*.txt")) and not (ckdir / NAME).exists()
+    assert list(ckdir.glob("merges-*.txt")) and not list(run.glob(".*lease.json"))
 
     fresh = tmp_path / "fresh"  # fails at once (vocab too small): no directory left behind
     with pytest.raises(ConfigError, match="vocab_size"):
@@ -436,3 +439,24 @@ def test_a_run_that_lost_its_lease_writes_no_checkpoint(spark, tmp_path, monkeyp
     assert holders.exists()  # not cleaned away: the checkpoints are not this run's any more
     assert not list((tmp_path / "run").rglob("merges*.txt"))
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_an_enclosing_lease_is_this_process_s_own_only_if_it_took_it(tmp_path):
+    """A lease on the enclosing run directory with this host name and this pid, but not
+    taken by this process (another container with the same host name, whose process has the
+    same small pid): a lease inside it is refused, not taken for this process's own."""
+    import time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    me = Lease(None, str(run), 60).me
+    (run / NAME).write_text(json.dumps({**me, "id": "another-container", "pid_ns": "pid:[1]",
+                                        "renewed": time.time()}))
+    with pytest.raises(LeaseHeld, match=r"is inside \S*run, which is in use by another run"):
+        Lease(None, str(run / "checkpoints"), 60).acquire()
+    (run / NAME).unlink()
+    own = Lease(None, str(run), 60).acquire()  # this process's own: nested leases are fine
+    try:
+        Lease.beside(None, str(run / "checkpoints"), 60, "run").acquire().release()
+    finally:
+        own.release()

@@ -501,7 +501,9 @@ def test_files_spark_writes_follow_the_umask_unless_hadoop_has_one(spark, tmp_pa
 
 def test_a_damaged_word_table_of_the_run_is_counted_again(spark, tmp_path, caplog):
     """RUN/words with a data file truncated (a disk error, a bad copy): the same command
-    counts the words again, saying why, and ends with the same merges."""
+    counts the words again, saying why; the table counted again is the one the run was
+    trained on (the same digest), so the run stays complete with the same merges (a table
+    that came out otherwise would have marked it incomplete and trained again)."""
     caplog.set_level(logging.INFO, logger="pipeline")
     run = tmp_path / "run"
     kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=280,
@@ -509,6 +511,9 @@ def test_a_damaged_word_table_of_the_run_is_counted_again(spark, tmp_path, caplo
     first = train(spark, Config(**kw))
     data = sorted((run / "words" / "data").glob("*.parquet"))[0]
     data.write_bytes(data.read_bytes()[:100])
+    merges = (run / "merges.txt").read_text()
     again = train(spark, Config(**kw))
     assert f"recounting: {data} is not a readable Parquet file" in caplog.text
-    assert again.merges == first.merges
+    assert again.already_done and "is already complete" in caplog.text
+    assert (run / "merges.txt").read_text() == merges and len(first.merges) == 23
+    assert train(spark, Config(**kw, resume="never")).merges == first.merges  # (readable)

@@ -752,10 +752,17 @@ def _source_versions(spark: SparkSession, cfg: Config) -> list[str]:
             plan = spark.table(cfg.input_table)._jdf.queryExecution().analyzed().toString()
         except Exception as exc:  # noqa: BLE001 - read again by the count, which names it
             plan = f"unknown: {type(exc).__name__}"
-        out.append(f"table\t{cfg.input_table}\t{re.sub(r'#[0-9]+L?', '', plan)}")
+        out.append(f"table\t{cfg.input_table}\t{stable_plan(plan)}")
     if cfg.input_format == "delta":
         out += [f"delta\t{src}\t{delta_version(spark, src)}" for src in cfg.inputs]
     return out
+
+
+def stable_plan(plan: str) -> str:
+    """An analyzed plan's text without what a session numbers afresh on each analysis:
+    expression ids (``text#12``), common-table-expression and recursion ids."""
+    plan = re.sub(r"#[0-9]+L?", "", plan)
+    return re.sub(r"\b(CTERelation(?:Def|Ref)|UnionLoop(?:Ref)?) [0-9]+", r"\1", plan)
 
 
 def delta_version(spark: SparkSession | None, table: str) -> int:

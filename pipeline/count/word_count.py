@@ -494,7 +494,7 @@ def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
 
 
 def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list[str],
-                   spark_read: bool, ignore: bool) -> list[str]:
+                   spark_read: bool, ignore: bool, parquet: bool = True) -> list[str]:
     """The unreadable input files left out (``ignore_corrupt_files``), from the listing and
     the tasks' statistics (which this removes from ``stats``)."""
     skipped = list(listed_skipped)
@@ -507,14 +507,16 @@ def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list
         elif value:
             with_rows.add(index)
     if spark_read and ignore:  # Spark skips unreadable files silently: they gave no rows
-        skipped += [f for i, f in enumerate(files) if i not in with_rows and not _empty(f)]
+        skipped += [f for i, f in enumerate(files)
+                    if i not in with_rows and not (parquet and _empty(f))]
     return sorted(set(skipped))
 
 
 def _empty(file: str) -> bool:
-    """Whether a file that gave Spark's reader no rows is a readable local Parquet file with
-    none (not one Spark skipped as unreadable). Other files cannot tell: listed as skipped."""
-    if not (fsutil.is_local(file) and file.endswith(".parquet")):
+    """Whether a file of a Parquet input that gave Spark's reader no rows is a readable local
+    Parquet file with none (not one Spark skipped as unreadable). Other files cannot tell:
+    listed as skipped."""
+    if not fsutil.is_local(file):
         return False
     try:
         return pq.ParquetFile(fsutil.local_path(file)).metadata.num_rows == 0  # (decoded)
@@ -573,7 +575,8 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
     stats["unique_words"] = unique_words
     stats["skipped_files"] = _skipped_files(stats, files, source.skipped,
                                             plan is None and corpus.by_file,
-                                            cfg.ignore_corrupt_files)
+                                            cfg.ignore_corrupt_files,
+                                            cfg.input_format == "parquet")
     if stats["skipped_files"]:
         log.warning("ignore_corrupt_files: left out %d unreadable input files (listed in "
                     "stats.json): %s", len(stats["skipped_files"]),
