@@ -375,6 +375,17 @@ def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_
                             vocab_size=300, progress_bar=False))
 
 
+def lake_with_a_file_damaged_part_way(folder) -> None:
+    """part-0.parquet: good rows; part-1.parquet: 200 rows in 4 row groups, the second one's
+    data damaged (its footer reads)."""
+    folder.mkdir()
+    pq.write_table(pa.table({"text": normal_rows()}), folder / "part-0.parquet")
+    bad = folder / "part-1.parquet"
+    pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
+                   row_group_size=50)
+    damage_row_group(bad, 1)
+
+
 def damage_row_group(path, group: int) -> None:
     """Overwrite one row group's data pages: the footer still reads, that data does not."""
     chunk = pq.read_metadata(path).row_group(group).column(0)
@@ -426,12 +437,7 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     the same for any number of tasks (it counted 50 or 150 of its rows before)."""
     from pipeline.count.word_count import count_words
 
-    (tmp_path / "in").mkdir()
-    pq.write_table(pa.table({"text": normal_rows()}), tmp_path / "in" / "part-0.parquet")
-    bad = tmp_path / "in" / "part-1.parquet"
-    pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
-                   row_group_size=50)
-    damage_row_group(bad, 1)
+    lake_with_a_file_damaged_part_way(tmp_path / "in")
     tables = []
     for parts in (1, 4):
         out = tmp_path / f"w{parts}"
@@ -465,12 +471,7 @@ def test_a_table_that_skipped_a_file_is_not_reused_by_a_run_that_does_not_skip(s
     """A run with --ignore-corrupt-files left a damaged file out (its footer reads: the input
     fingerprint is the same); the same run without the flag counts again and stops on that
     file, as it would have with no earlier table, and the earlier run stays complete."""
-    (tmp_path / "in").mkdir()
-    pq.write_table(pa.table({"text": normal_rows()}), tmp_path / "in" / "part-0.parquet")
-    bad = tmp_path / "in" / "part-1.parquet"
-    pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
-                   row_group_size=50)
-    damage_row_group(bad, 1)
+    lake_with_a_file_damaged_part_way(tmp_path / "in")
     run = tmp_path / "run"
     caplog.set_level("INFO", logger="pipeline")
 
