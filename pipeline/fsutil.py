@@ -13,6 +13,7 @@ import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 log = logging.getLogger(__name__)
@@ -263,12 +264,8 @@ def read_text(spark: SparkSession | None, path: str) -> str:
         with open(local_path(path), encoding="utf-8") as fh:
             return fh.read()
     fs, p = _fs(spark, path)
-    try:
+    with _not_found_as_python(path):
         stream = fs.open(p)
-    except Exception as exc:  # py4j's Java error: a missing file as Python says it
-        if "FileNotFoundException" in str(exc):
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
-        raise
     try:  # the whole file in one call (a py4j call per line cost ~0.1 ms each)
         text = str(spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toString(stream,
                                                                                  "UTF-8"))
@@ -286,6 +283,31 @@ def read_text(spark: SparkSession | None, path: str) -> str:
 # the new one, never part of it, so a file there is written in place (a rename would be a
 # copy and a delete, with a moment of no file at all between them)
 WHOLE_ON_CLOSE = frozenset({"s3", "s3a", "s3n", "gs", "oss", "cos", "cosn", "obs", "r2"})
+
+
+@contextlib.contextmanager
+def _not_found_as_python(path: str) -> Iterator[None]:
+    """A Hadoop call whose missing file (py4j's Java FileNotFoundException) raises the
+    ``FileNotFoundError`` a local call would."""
+    try:
+        yield
+    except Exception as exc:
+        if "FileNotFoundException" in str(exc):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+        raise
+
+
+def file_status(spark: SparkSession | None, path: str) -> tuple[int, int]:
+    """A file's size in bytes and modification time (ns locally, ms on Hadoop filesystems,
+    as each reports it); ``FileNotFoundError`` when it is not there."""
+    spark = _session_for(spark, path)
+    if is_local(path):
+        st = os.stat(local_path(path))
+        return st.st_size, st.st_mtime_ns
+    fs, p = _fs(spark, path)
+    with _not_found_as_python(path):
+        s = fs.getFileStatus(p)
+    return int(s.getLen()), int(s.getModificationTime())
 
 
 def write_text(spark: SparkSession | None, path: str, text: str) -> None:

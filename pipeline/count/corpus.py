@@ -780,11 +780,7 @@ def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int
     remote: dict[str, list[str]] = {}
     for f in files:
         if fsutil.is_local(f):
-            try:
-                st = os.stat(fsutil.local_path(f))
-            except FileNotFoundError:
-                raise removed_while_listed(f) from None
-            out[f] = (st.st_size, st.st_mtime_ns)
+            out[f] = _file_status(spark, f)
         else:
             remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
     for parent, members in remote.items():
@@ -792,23 +788,16 @@ def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int
         listed = {normalize_path(s.getPath().toString()): (int(s.getLen()),
                                                            int(s.getModificationTime()))
                   for s in fs.listStatus(p)}
-        for f in members:
+        for f in members:  # (a file the listing spells otherwise: asked for by name)
             out[f] = listed.get(f) or _file_status(spark, f)
     return [out[f] for f in files]
 
 
 def _file_status(spark: SparkSession, f: str) -> tuple[int, int]:
-    """One file's (size, modification time), asked for by name: for a file its parent's
-    listing did not show under that spelling; gone, it was removed while the input was
-    listed."""
-    fs, p = fsutil._fs(spark, f)
     try:
-        s = fs.getFileStatus(p)
-    except Exception as exc:
-        if "FileNotFoundException" in str(exc):
-            raise removed_while_listed(f) from None
-        raise
-    return int(s.getLen()), int(s.getModificationTime())
+        return fsutil.file_status(spark, f)
+    except FileNotFoundError:
+        raise removed_while_listed(f) from None
 
 
 def describe_input_change(old: dict | None, new: dict) -> str:
