@@ -131,6 +131,13 @@ class Config:
     progress_bar: bool = opt(True, "a progress bar on a terminal (never in a log)")
     heartbeat_seconds: float = opt(HEARTBEAT_SECONDS,
                                    "a progress line per running stage this often")
+    progress_file: str = opt("", {
+        COUNT: "also write the heartbeats to this file, one JSON object per line, for "
+               "dashboards ('' = the log only)",
+        TRAIN: "where the heartbeats go as JSON lines, for dashboards ('' = "
+               "RUN/progress.jsonl)",
+        ENCODE: "also write the heartbeats to this file, one JSON object per line, for "
+                "dashboards ('' = the log only)"})
     spark_ui: str = opt("auto", "Spark web UI (auto: on for cluster masters, off in local "
                                 "modes, unless spark-submit sets spark.ui.enabled; on/off win "
                                 "over it)", choices=("auto", "on", "off"))
@@ -584,6 +591,26 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
     _need(not cfg.words or same_or_inside(cfg.output, cfg.words) is None,
           f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "
           "outside it")  # (RUN/words as --words of RUN is fine: it is read before it is written)
+    if cfg.progress_file:
+        _check_progress_file(cfg, job)
+
+
+def _check_progress_file(cfg: Config, job: str) -> None:
+    """``progress_file`` is a file outside what the job reads and outside its output (which
+    is replaced whole), except ``RUN/progress.jsonl``, where a run writes it anyway."""
+    path = cfg.progress_file
+    key = f"config key 'progress_file': {path}"
+    _need(not path.endswith("/") and not has_glob(path, PYTHON_GLOB),
+          f"{key} is not a file name")
+    if is_local(path):
+        _need(not os.path.isdir(local_path(path)), f"{key} is a directory; give a file")
+    own = job == TRAIN and same_or_inside(path, cfg.output) == "progress.jsonl"
+    _need(own or same_or_inside(path, cfg.output) is None,
+          f"{key} is inside --output {cfg.output}, which the job replaces; write it elsewhere")
+    for what, source in [*(("input", p) for p in cfg.inputs), ("words", cfg.words),
+                         ("tokenizer", cfg.tokenizer)]:
+        _need(not source or same_or_inside(path, _split_glob(source)[0]) is None,
+              f"{key} is inside --{what} {source}; write it elsewhere")
 
 
 def _check_split(cfg: Config) -> None:

@@ -86,7 +86,7 @@ from pipeline.pretokenize import (
     special_token_pattern,
     text_values,
 )
-from pipeline.progress import Progress
+from pipeline.progress import Progress, jsonl_at
 from pipeline.spark_session import (
     PerTask,
     TaskCounts,
@@ -561,14 +561,18 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
         for path in fsutil.remove_stale_temps(spark, cfg.output):
             log.info("removed %s, left by an interrupted encode", path)
         check_encode_config(cfg, spark, frame=frame is not None)  # the output as it is now
-        progress = Progress("encode", every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
-        with progress.stage("prepare"):  # (listing a lake's files and reading their footers)
-            plan = load_plan(spark, cfg)
-            source = _source(spark, cfg, plan, frame)
+        progress = Progress("encode", jsonl_at(spark, cfg.progress_file),
+                            every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
         try:
-            summary = _encode_and_publish(spark, cfg, plan, source, t0, lease, progress)
+            with progress.stage("prepare"):  # (listing a lake's files, reading their footers)
+                plan = load_plan(spark, cfg)
+                source = _source(spark, cfg, plan, frame)
+            try:
+                summary = _encode_and_publish(spark, cfg, plan, source, t0, lease, progress)
+            finally:
+                source.close()
         finally:
-            source.close()
+            progress.close()  # (a file on a store: its last write)
     stats = summary["stats"]
     log.info("encoded %d rows, %d bytes -> %d tokens (%.3f bytes/token, %.3f tokens/word) "
              "in %.1f s", stats["rows"], stats["bytes"], stats["tokens"],

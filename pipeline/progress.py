@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
+from pipeline import fsutil
+
 log = logging.getLogger("pipeline.progress")
 
 HEARTBEAT_SECONDS = 5.0
@@ -320,6 +322,24 @@ class WholeFileJsonl:
         done = threading.Thread(target=self.flush, daemon=True)
         done.start()
         done.join(self.close_timeout)
+
+
+def jsonl_at(spark, path: str, allowed: Callable[[], bool] = lambda: True
+             ) -> str | WholeFileJsonl | None:
+    """Where :class:`Progress` writes the JSON lines of ``path`` ('' = nowhere): appended to
+    when local, written whole now and then on HDFS or an object store (which cannot append),
+    while ``allowed`` (a run that lost its directory's lease must not write over the new
+    holder's file)."""
+    if not path:
+        return None
+    if fsutil.is_local(path):
+        return fsutil.local_path(path)
+
+    def earlier() -> str:
+        return fsutil.read_text(spark, path) if fsutil.exists(spark, path) else ""
+
+    return WholeFileJsonl(lambda text: fsutil.write_text(spark, path, text), earlier,
+                          where=path, allowed=allowed)
 
 
 class Progress:

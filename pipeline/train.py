@@ -65,7 +65,7 @@ from pipeline.outputs import (
     write_run_json,
     write_trace,
 )
-from pipeline.progress import Progress, Stage, WholeFileJsonl
+from pipeline.progress import Progress, Stage, jsonl_at
 from pipeline.report import check_report_sample, write_report
 from pipeline.spark_session import start_session
 
@@ -482,7 +482,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
         def holding() -> bool:  # no more progress.jsonl once another run took the directory
             return not any(lease.lost for lease in leases)
 
-        progress = progress or Progress("train", _progress_file(cfg, spark, holding),
+        jsonl = cfg.progress_file or fsutil.join(cfg.output, "progress.jsonl")
+        progress = progress or Progress("train", jsonl_at(spark, jsonl, holding),
                                         cfg.heartbeat_seconds, bar=cfg.progress_bar,
                                         allowed=holding)
         stack.callback(lambda: own_progress and progress.close())  # (the file's last write)
@@ -537,24 +538,6 @@ def tokenizer_name(cfg: Config) -> str:
         path = os.path.abspath(fsutil.local_path(path))
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.rstrip("/").rsplit("/", 1)[-1]).strip("-.")
     return "spark-bpe-" + (base or "run")
-
-
-def _progress_file(cfg: Config, spark: SparkSession, allowed: Callable[[], bool] = lambda: True
-                   ) -> str | WholeFileJsonl | None:
-    """``RUN_DIR/progress.jsonl``: appended to in a local run directory, written whole now and
-    then on HDFS or an object store (which cannot append), while ``allowed`` (the run holds
-    the directory's lease: a run that lost it must not write over the new holder's file)."""
-    if not cfg.output:
-        return None
-    path = fsutil.join(cfg.output, "progress.jsonl")
-    if fsutil.is_local(path):
-        return fsutil.local_path(path)
-
-    def earlier() -> str:
-        return fsutil.read_text(spark, path) if fsutil.exists(spark, path) else ""
-
-    return WholeFileJsonl(lambda text: fsutil.write_text(spark, path, text), earlier,
-                          where=path, allowed=allowed)
 
 
 def _invalidate_run(spark: SparkSession, run_dir: str) -> None:

@@ -472,3 +472,26 @@ def test_the_tiktoken_name_is_the_run_directory_s_whatever_the_path_says(tmp_pat
     assert named("sub") == named("sub/") == named("s3a://bucket/runs/sub") == "spark-bpe-sub"
     assert named("out/a run+x") == "spark-bpe-a-run-x"
     assert named(".", "team-bpe") == "team-bpe"
+
+
+def test_a_progress_file_goes_where_nothing_read_or_replaced_lies(tmp_path):
+    """--progress-file: a file outside the inputs and outside the output the job replaces
+    (RUN/progress.jsonl, where a run writes it anyway, is allowed)."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "dash").mkdir()
+    base = ["--input", str(tmp_path / "corpus"), "--vocab-size", "300"]
+    run = tmp_path / "run"
+    for job in ("count", "train"):
+        ok = validate(cfg(*base, "--output", str(run), "--progress-file",
+                          str(tmp_path / "dash" / "p.jsonl")), job)
+        assert ok.progress_file == str(tmp_path / "dash" / "p.jsonl")
+    assert validate(cfg(*base, "--output", str(run), "--progress-file",
+                        str(run / "progress.jsonl")), "train")
+    bad = {str(run / "progress.jsonl"): ("count", "inside --output"),
+           str(run / "x" / "p.jsonl"): ("train", "inside --output"),
+           str(tmp_path / "corpus" / "p.jsonl"): ("train", "inside --input"),
+           str(tmp_path / "dash"): ("count", "is a directory"),
+           str(tmp_path / "dash") + "/": ("count", "not a file name")}
+    for path, (job, why) in bad.items():
+        with pytest.raises(ConfigError, match=f"config key 'progress_file': .*{why}"):
+            validate(cfg(*base, "--output", str(run), "--progress-file", path), job)

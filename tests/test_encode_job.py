@@ -99,7 +99,8 @@ def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out
     stage's heartbeats (issue 14) say how many tasks, rows and bytes are done."""
     out = tmp_path / "enc"
     cfg = Config(input=str(held_out), tokenizer=str(run_dir), output=str(out),
-                 encode_engine=engine, encode_io=io, num_partitions=3, heartbeat_seconds=0.05)
+                 encode_engine=engine, encode_io=io, num_partitions=3, heartbeat_seconds=0.05,
+                 progress_file=str(tmp_path / "dash" / "encode.jsonl"))
     caplog.set_level(logging.INFO, logger="pipeline.progress")
     res = encode_corpus(spark, cfg)
     table = read_output(out)
@@ -142,6 +143,14 @@ def test_every_row_equals_an_independent_oracle_encoder(spark, run_dir, held_out
     assert re.search(rf"; {rows}/{rows} rows, (.*, )?tasks (\d+)/\2, ", beats[-1]), beats[-1]
     kb = f"{n_bytes / 1e3:.1f} kB read" if n_bytes < 1e6 else f"{n_bytes / 1e6:.1f} MB read"
     assert kb in beats[-1], beats[-1]
+    # the same heartbeats, as JSON lines for a dashboard (--progress-file)
+    events = [json.loads(x) for x in (tmp_path / "dash" / "encode.jsonl").read_text()
+              .splitlines()]
+    assert {e["job"] for e in events} == {"encode"}
+    enc = [e for e in events if e["stage"] == "encode"]
+    assert enc[0]["event"] == "start" and enc[-1]["event"] == "end"
+    assert enc[-1]["done"] == enc[-1]["total"] == st["rows"]
+    assert len(enc) == len(beats)  # each line of the log's, none dropped
 
 
 def test_special_tokens_policy_and_auto_keys(spark, run_dir, tmp_path):

@@ -158,14 +158,14 @@ def test_a_run_that_lost_its_lease_stops_appending_to_a_local_progress_jsonl(tmp
     assert [json.loads(x)["event"] for x in jsonl.read_text().splitlines()] == ["start", "end"]
 
 
-def test_a_run_directory_on_a_store_gets_a_whole_file_progress_jsonl(tmp_path):
-    from pipeline.config import Config
-    from pipeline.train import _progress_file
+def test_a_file_on_a_store_gets_a_whole_file_progress_jsonl(tmp_path):
+    from pipeline.progress import jsonl_at
 
-    assert isinstance(_progress_file(Config(output="s3a://lake/runs/r1"), None),
-                      WholeFileJsonl)
-    assert _progress_file(Config(output=str(tmp_path / "r")), None) == str(
+    assert isinstance(jsonl_at(None, "s3a://lake/runs/r1/progress.jsonl"), WholeFileJsonl)
+    assert jsonl_at(None, str(tmp_path / "r" / "progress.jsonl")) == str(
         tmp_path / "r" / "progress.jsonl")
+    assert jsonl_at(None, f"file://{tmp_path}/p.jsonl") == f"{tmp_path}/p.jsonl"
+    assert jsonl_at(None, "") is None
 
 
 def test_a_busy_stage_still_beats_and_a_failure_is_recorded(tmp_path, caplog):

@@ -542,13 +542,15 @@ def test_the_count_heartbeat_says_rows_and_bytes_read(spark, mixed_corpus, naive
                                                       tmp_path, reader):
     """The count stage's heartbeats carry the rows and bytes the tasks have read (and, with
     the pyarrow reader, which knows the rows from the footers, progress in rows)."""
-    from pipeline.progress import Progress
-
-    jsonl = tmp_path / "progress.jsonl"
+    jsonl = tmp_path / "progress.jsonl"  # (--progress-file: count_words writes it too)
     cfg = Config(input=str(mixed_corpus), output=str(tmp_path / "words"),
-                 special_tokens=["<|endoftext|>"], count_reader=reader, num_partitions=3)
-    count_words(spark, cfg, progress=Progress("count", str(jsonl), every=60, bar=False))
-    end = [json.loads(x) for x in jsonl.read_text().splitlines()][-1]
+                 special_tokens=["<|endoftext|>"], count_reader=reader, num_partitions=3,
+                 progress_file=str(jsonl), heartbeat_seconds=60)
+    count_words(spark, cfg)
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert {e["job"] for e in events} == {"count_words"}
+    assert events[0] == {**events[0], "stage": "count", "event": "start"}
+    end = events[-1]
     rows, nbytes = naive_mixed.stats["rows"], naive_mixed.stats["bytes"]
     assert end["event"] == "end" and end["bytes_read"] == nbytes and end["bytes_per_s"] > 0
     if reader == "arrow":

@@ -86,7 +86,7 @@ from pipeline.pretokenize import (
     WordCounter,
     text_values,
 )
-from pipeline.progress import Progress
+from pipeline.progress import Progress, jsonl_at
 from pipeline.spark_session import (
     TaskCounts,
     TaskReporter,
@@ -385,10 +385,13 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     ``run.json`` is removed there when the table changes)."""
     t0 = time.time()
     check_replaceable(spark, cfg.output)
-    progress = progress or Progress("count_words", every=cfg.heartbeat_seconds,
-                                    bar=cfg.progress_bar)
+    own_progress = progress is None
+    progress = progress or Progress("count_words", jsonl_at(spark, cfg.progress_file),
+                                    every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
     sc = spark.sparkContext
     with contextlib.ExitStack() as stack:
+        if own_progress:
+            stack.callback(progress.close)  # (a file on a store: its last write)
         if lease is None:
             lease = stack.enter_context(Lease.beside(spark, cfg.output,
                                                      cfg.lease_timeout_seconds, "word count"))
