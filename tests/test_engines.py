@@ -46,8 +46,9 @@ def split_blocks(ids, counts, parts: int, replay=None) -> InProcessPartitions:
 def test_local_engine_equals_oracle(monkeypatch, small, squeeze, corpus, min_count, max_bytes):
     """Both merge paths (vectorized, and plain Python for rare pairs) and their mix.
     ``squeezed``: word counts of 3 or more go through the big-count lookup, the heap starts
-    with 2 pairs (its floor is lowered over and over), and the position buffer starts as
-    small as it can (it is compacted and grown as merges add positions)."""
+    with 2 pairs (its floor is lowered over and over), and the position buffer and the pair
+    arrays start as small as they can (they are compacted and grown as merges add positions
+    and pairs)."""
     monkeypatch.setattr(local, "SMALL", small)
     if squeeze:
         monkeypatch.setattr(local, "BIG", 3)

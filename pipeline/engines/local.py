@@ -592,7 +592,7 @@ class LocalTrainer:
         self.merges: list[Merge] = []
         self.removed: list[int] = []  # corpus tokens removed by each merge
         self.min_count = 1  # never push pairs below this (set by train)
-        self.in_heap = np.zeros(max(self.state.n_ids, 1024), dtype=bool)
+        self.in_heap = np.zeros(max(self.state.n_ids, MIN_CAPACITY), dtype=bool)
         self.heap: list[tuple[int, int, int]] = []
         ids, sums, firsts = self.state.initial_pairs()
         top = np.sort(sums)[::-1]
@@ -618,14 +618,18 @@ class LocalTrainer:
         if not keep.any():
             return
         ids = ids[keep]
-        if int(ids.max()) >= len(self.in_heap):
-            grown = np.zeros(max(int(ids.max()) + 1, 2 * len(self.in_heap)), dtype=bool)
-            grown[: len(self.in_heap)] = self.in_heap
-            self.in_heap = grown
+        self._cover(int(ids.max()) + 1)
         self.in_heap[ids] = True
         push, heap = heapq.heappush, self.heap
         for c, first, k in zip(sums[keep].tolist(), firsts[keep].tolist(), ids.tolist()):
             push(heap, heap_entry(c, first, k))
+
+    def _cover(self, n: int) -> None:
+        """Grow ``in_heap`` to hold pair ids below ``n`` (pairs made since it last grew)."""
+        if n > len(self.in_heap):
+            grown = np.zeros(max(n, 2 * len(self.in_heap)), dtype=bool)
+            grown[: len(self.in_heap)] = self.in_heap
+            self.in_heap = grown
 
     def _lower_floor(self) -> bool:
         """Halve the floor and push the pairs that reach it; False when nothing is left."""
@@ -635,6 +639,7 @@ class LocalTrainer:
         st = self.state
         n = st.n_ids
         cnt = st.cnt[:n]
+        self._cover(n)  # (pairs made since the last push that grew it: none reached the floor)
         ids = np.flatnonzero((cnt >= self.floor) & ~self.in_heap[:n])
         self._push(ids, cnt[ids], st.buf[st.lo[ids]].astype(np.int64))
         return True
