@@ -293,6 +293,11 @@ class MergeLog:
                               count=last.count, note="")
         self.checkpoint()
 
+    def due_in(self) -> int:
+        """Merges until a checkpoint is due by count (at least 1)."""
+        return max(1, self.cfg.checkpoint_every_merges
+                   - (len(self.merges) - max(self.ckpt.last_written, 0)))
+
     def checkpoint(self, force: bool = False) -> None:
         self.guard()  # a run that lost its lease writes no checkpoint (nor prunes the holder's)
         since = len(self.merges) - max(self.ckpt.last_written, 0)
@@ -372,14 +377,14 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
 
 def _train_local(lt: LocalTrainer, mlog: MergeLog, cfg: Config) -> None:
     """Continue on the driver; ``lt`` holds the working set after ``mlog``'s merges.
-    Bookkeeping (progress, checkpoints) runs between chunks of merges, not after each one."""
+    Bookkeeping (progress, checkpoints) runs between chunks of merges, not after each one: a
+    chunk is at most 256 merges, and ends where a checkpoint is due by count."""
     mlog.stage.restart_rate()  # the rate and ETA of the merges, not of loading the words
     mlog.stage.update(note="")  # merging now (the first merges can take a while)
     offset = len(mlog) - len(lt.merges)
-    chunk = 256
     while mlog.wanted > 0:
         before = len(lt.merges)
-        lt.train(min(before + chunk, mlog.target - offset), cfg.min_pair_count,
+        lt.train(min(before + min(256, mlog.due_in()), mlog.target - offset), cfg.min_pair_count,
                  cfg.max_token_bytes or None)
         if len(lt.merges) == before:
             break

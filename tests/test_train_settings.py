@@ -146,3 +146,42 @@ def test_the_merge_log_checkpoints_after_checkpoint_every_seconds(monkeypatch):
     now[0] += 4
     mlog.extend([Merge(259, 102, 260, 1)], [1])
     assert saved == [2, 3, 5]
+
+
+def test_the_driver_engine_checkpoints_every_checkpoint_every_merges():
+    """--checkpoint-every-merges N on the driver engine: a checkpoint at N, 2N, ... exactly
+    (merges are made in chunks of at most 256, and a chunk ends where a checkpoint is due),
+    and the merges still equal the oracle's."""
+    import random
+
+    from pipeline import train as train_mod
+    from pipeline.bpe import bytes_vocab
+    from pipeline.engines.local import LocalTrainer
+
+    rng = random.Random(7)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(2, 12)))
+             for _ in range(2000)]
+    counts = [rng.randint(1, 50) for _ in words]
+    syms = [list(w.encode()) for w in words]
+    base = vocab_bytes(bytes_vocab(), [])
+    oracle = [(m.left, m.right) for m in train_oracle(syms, counts, base, 450)]
+    for every, expected in ((100, [100, 200, 300, 400]), (300, [300]),
+                            (40, list(range(40, 450, 40)))):
+        saved: list[int] = []
+
+        class Checkpointer:
+            last_written = 0
+
+            def save(self, merges, removed):
+                saved.append(len(merges))
+                self.last_written = len(merges)
+
+        cfg = Config(checkpoint_every_merges=every, checkpoint_every_seconds=3600)
+        prep = SimpleNamespace(cfg=cfg, checkpointer=Checkpointer(), target=450, prior=[],
+                               prior_removed=[], base=bytes_vocab())
+        mlog = train_mod.MergeLog(prep, SimpleNamespace(update=lambda *a, **k: None,
+                                                        restart_rate=lambda: None))
+        lt = LocalTrainer.from_words(syms, counts, base)
+        train_mod._train_local(lt, mlog, cfg)
+        assert saved == expected, (every, saved)
+        assert [(m.left, m.right) for m in mlog.merges] == oracle
