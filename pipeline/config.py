@@ -23,7 +23,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from pipeline.bpe import ALPHABETS
-from pipeline.fsutil import HADOOP_GLOB, PYTHON_GLOB, has_glob, is_local, local_path, scheme
+from pipeline.fsutil import (
+    HADOOP_GLOB,
+    PYTHON_GLOB,
+    has_glob,
+    is_local,
+    join,
+    local_path,
+    scheme,
+)
 from pipeline.patterns import PATTERNS, PatternError, check_pattern
 from pipeline.pretokenize import NORMALIZATIONS, PretokenizerSpec
 from pipeline.progress import HEARTBEAT_SECONDS
@@ -591,8 +599,36 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
     _need(not cfg.words or same_or_inside(cfg.output, cfg.words) is None,
           f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "
           "outside it")  # (RUN/words as --words of RUN is fine: it is read before it is written)
+    if job == TRAIN and cfg.checkpoint_dir:
+        _check_checkpoint_dir(cfg)
     if cfg.progress_file:
         _check_progress_file(cfg, job)
+
+
+def _read_places(cfg: Config, job: str) -> list[tuple[str, str]]:
+    """(config key, path) of everything the job reads: nothing it writes may lie there."""
+    keys = [*(("input", p) for p in cfg.inputs), ("words", cfg.words)]
+    keys += [("report_sample", cfg.report_sample)] if job == TRAIN else []
+    keys += [("tokenizer", cfg.tokenizer)] if job == ENCODE else []
+    return [(k, p) for k, p in keys if p]
+
+
+def _not_where_read(key: str, path: str, cfg: Config, job: str) -> None:
+    for what, source in _read_places(cfg, job):
+        _need(same_or_inside(path, _split_glob(source)[0]) is None,
+              f"config key '{key}': {path} is inside --{what.replace('_', '-')} {source}, "
+              "which the job reads; write it elsewhere")
+
+
+def _check_checkpoint_dir(cfg: Config) -> None:
+    """Checkpoints go outside what the run reads and outside the word table it counts (a
+    recount replaces the table's directory, and the checkpoints' lease with it)."""
+    path = cfg.checkpoint_dir
+    _not_where_read("checkpoint_dir", path, cfg, TRAIN)
+    table = cfg.words or join(cfg.output, "words")
+    _need(same_or_inside(path, table) is None,
+          f"config key 'checkpoint_dir': {path} is inside the word table {table}, which a "
+          "count replaces whole; choose a checkpoint directory outside it")
 
 
 def _check_progress_file(cfg: Config, job: str) -> None:
@@ -607,10 +643,10 @@ def _check_progress_file(cfg: Config, job: str) -> None:
     own = job == TRAIN and same_or_inside(path, cfg.output) == "progress.jsonl"
     _need(own or same_or_inside(path, cfg.output) is None,
           f"{key} is inside --output {cfg.output}, which the job replaces; write it elsewhere")
-    for what, source in [*(("input", p) for p in cfg.inputs), ("words", cfg.words),
-                         ("tokenizer", cfg.tokenizer)]:
-        _need(not source or same_or_inside(path, _split_glob(source)[0]) is None,
-              f"{key} is inside --{what} {source}; write it elsewhere")
+    _not_where_read("progress_file", path, cfg, job)
+    if job == TRAIN and cfg.checkpoint_dir:
+        _need(same_or_inside(path, cfg.checkpoint_dir) is None,
+              f"{key} is inside --checkpoint-dir {cfg.checkpoint_dir}; write it elsewhere")
 
 
 def _check_split(cfg: Config) -> None:

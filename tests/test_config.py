@@ -495,3 +495,35 @@ def test_a_progress_file_goes_where_nothing_read_or_replaced_lies(tmp_path):
     for path, (job, why) in bad.items():
         with pytest.raises(ConfigError, match=f"config key 'progress_file': .*{why}"):
             validate(cfg(*base, "--output", str(run), "--progress-file", path), job)
+
+
+def test_checkpoints_go_outside_what_the_run_reads_and_its_word_table(tmp_path):
+    """A checkpoint directory inside the corpus would be read as corpus by the next run (a
+    scheduler's retry fails for ever); inside the report sample or the word table (which a
+    count replaces whole, lease and all) it is lost. All refused before Spark starts, as is a
+    progress file on the report sample or among the checkpoints."""
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "held.parquet").write_bytes(b"PAR1")
+    run = tmp_path / "run"
+    base = ["--input", str(tmp_path / "corpus"), "--output", str(run), "--vocab-size", "300",
+            "--report-sample", str(tmp_path / "held.parquet")]
+    ok = validate(cfg(*base, "--checkpoint-dir", str(tmp_path / "ck")), "train")
+    assert ok.checkpoint_dir == str(tmp_path / "ck")
+    assert validate(cfg(*base, "--checkpoint-dir", str(run / "ck")), "train")  # (its own)
+    bad = {("--checkpoint-dir", str(tmp_path / "corpus" / "ck")): "checkpoint_dir': .*inside "
+           "--input",
+           ("--checkpoint-dir", str(run / "words" / "ck")): "checkpoint_dir': .*inside the "
+           "word table",
+           ("--progress-file", str(tmp_path / "held.parquet")): "progress_file': .*inside "
+           "--report-sample",
+           ("--progress-file", str(tmp_path / "ck" / "p.jsonl")): "progress_file': .*inside "
+           "--checkpoint-dir"}
+    for (flag, path), why in bad.items():
+        ck = [] if flag == "--checkpoint-dir" else ["--checkpoint-dir", str(tmp_path / "ck")]
+        with pytest.raises(ConfigError, match=f"config key '{why}"):
+            validate(cfg(*base, *ck, flag, path), "train")
+    words = tmp_path / "words"
+    words.mkdir()
+    with pytest.raises(ConfigError, match="checkpoint_dir.: .* is inside --words"):
+        validate(cfg("--words", str(words), "--output", str(run), "--vocab-size", "300",
+                     "--checkpoint-dir", str(words / "ck")), "train")
