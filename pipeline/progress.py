@@ -179,6 +179,8 @@ class Stage:
             done, total = self.done, self.total
             if done is not None:
                 rec["done"] = done
+                if self.unit:
+                    rec["unit"] = self.unit  # (what done counts may change within a stage)
                 count = f"{done:,.0f}" + (f"/{total:,.0f}" if total else "")
                 parts.append(f"{count} {self.unit}".strip())
                 if total:
@@ -204,7 +206,7 @@ class Stage:
                 if event == "beat":
                     old = [i for i, p in enumerate(self.points) if now - p[0] >= 1]
                     self.points = self.points[old[-1] if old else 0:] + [(now, done)]
-            rec.update(self.fields)
+            rec.update((k, v) for k, v in self.fields.items() if v is not None)
             parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]
             detail = ", ".join(parts)
         if event == "start":

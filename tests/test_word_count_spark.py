@@ -550,7 +550,10 @@ def test_the_count_heartbeat_says_rows_and_bytes_read(spark, mixed_corpus, naive
     events = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert {e["job"] for e in events} == {"count_words"}
     assert events[0] == {**events[0], "stage": "count", "event": "start"}
+    assert all(None not in e.values() for e in events), events  # (no nulls for a dashboard)
+    assert {e.get("unit") for e in events if "done" in e} <= {"rows", "tasks"}
     end = events[-1]
+    assert end["unit"] == "rows"
     rows, nbytes = naive_mixed.stats["rows"], naive_mixed.stats["bytes"]
     assert end["event"] == "end" and end["bytes_read"] == nbytes and end["bytes_per_s"] > 0
     if reader == "arrow":
