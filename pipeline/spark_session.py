@@ -20,7 +20,7 @@ from pyspark import Accumulator, AccumulatorParam, SparkContext
 from pyspark.sql import SparkSession
 
 from pipeline import fsutil
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 
 _settings: dict[str, str] = {}  # the Spark settings of the session built last
 
@@ -181,13 +181,30 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     if deferred:
         from pyspark import SparkConf
 
-        sc = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
+        with _master_checked(master, bool(cfg.master)):
+            sc = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
         _started(sc)
         return DeferredSession(builder, sc, after)  # type: ignore[return-value]
-    spark = builder.getOrCreate()
+    with _master_checked(master, bool(cfg.master)):
+        spark = builder.getOrCreate()
     _started(spark.sparkContext)
     after(spark)
     return spark
+
+
+@contextlib.contextmanager
+def _master_checked(master: str, ours: bool) -> Iterator[None]:
+    """A master URL Spark cannot parse is a config error (one line, exit 2), not a failure
+    with a Java stack trace. Spark decides (cluster managers are plug-ins: no list here)."""
+    try:
+        yield
+    except Exception as exc:
+        if "Could not parse Master URL" not in str(exc):
+            raise
+        key = "config key 'master'" if ours else "spark-submit's --master"
+        raise ConfigError(f"{key}: Spark cannot use the master URL {master!r} (local[N], "
+                          "local-cluster[N,C,M], spark://HOST:PORT, yarn, k8s://URL, or a "
+                          "cluster manager's own)") from None
 
 
 on_jvm_shutdown: Callable[[], None] | None = None  # set by pipeline.cli while a job runs

@@ -39,3 +39,15 @@ def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs)
     assert '"shuffle_partitions": 0' in p.log()  # the resolved config is logged, one line
     assert "spark.sql.shuffle.partitions = 7 (spark-submit)" in p.log()
     assert p.last_line() == f"trained 43 merges: tokenizer written to {run}"
+
+
+@pytest.mark.spark
+def test_a_master_url_spark_cannot_parse_is_a_one_line_config_error(tmp_path, procs):
+    """--master bogus: exit 2 and one line naming the key, no Java stack trace."""
+    p = submit(["--output", str(tmp_path / "run"), "--vocab-size", "300", "--master",
+                "bogus"], tmp_path, "bogus")
+    procs.append(p)
+    assert p.wait(120) == 2, p.tail()
+    assert p.last_line().startswith("error: config key 'master': Spark cannot use the master "
+                                    "URL 'bogus' (local[N], "), p.tail()
+    assert "Py4JJavaError" not in p.err() and not (tmp_path / "run").exists()
