@@ -707,3 +707,20 @@ def test_any_special_tokens_or_pattern_are_accepted_or_one_config_error_line(
         assert code == 2 and not ran, err.getvalue()
         assert len(lines) == 1 and lines[0].startswith("error: config key '"), err.getvalue()
     assert not (tmp_path / "o").exists()
+
+
+def test_a_text_column_in_no_local_parquet_file_is_an_error_before_any_spark_job(tmp_path):
+    """Found from the footers the driver reads anyway (no Spark job, no task): named with the
+    columns there are. In some files only (a schema that grew), Spark's reader decides."""
+    from pipeline.count.corpus import list_local_corpus
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"doc": [f"a {i}"], "lang": ["en"]}), lake / f"p{i}.parquet")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"config key 'text_column': column 'text' not in {lake} (columns: doc, lang)")):
+        list_local_corpus(str(lake), "text", {})
+    pq.write_table(pa.table({"text": ["b"]}), lake / "p2.parquet")
+    assert list_local_corpus(str(lake), "text", {}) is None
+    assert len(list_local_corpus(str(lake / "p2.parquet"), "text", {})) == 1

@@ -150,6 +150,7 @@ def list_local_corpus(path: str, text_column: str,
         raise ConfigError(f"config key 'input': cannot read {path}: permission denied "
                           f"({exc.strerror or exc})") from None
     read: dict[str, pq.FileMetaData] = {}
+    lacking: list[pa.Schema] = []  # the schemas of the files without the column
     for f in candidates:
         try:
             meta = pq.ParquetFile(f).metadata
@@ -162,9 +163,17 @@ def list_local_corpus(path: str, text_column: str,
             skipped.append(normalize_path("file://" + f))
             continue
         i = schema.get_field_index(text_column)
-        if i < 0 or not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
+        if i < 0:
+            lacking.append(schema)
+            continue
+        if not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
             return None
         read[normalize_path("file://" + f)] = meta
+    if lacking and not read:  # in no file: an error now, not after Spark has started
+        raise ConfigError(f"config key 'text_column': column {text_column!r} not in {path} "
+                          f"(columns: {', '.join(lacking[0].names)})")
+    if lacking:  # in some files only: Spark's reader decides (a schema that grew)
+        return None
     if footers is not None:
         footers.update(read)
     if not read:
