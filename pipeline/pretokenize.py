@@ -152,7 +152,7 @@ def text_values(column) -> list[str | bytes | None]:
     """The values of a text column (a pyarrow array): str, or bytes for a binary column; a
     string column that holds invalid UTF-8 (written by a tool that did not check it) gives
     its values as bytes, which :func:`decode_row` keeps byte-exact, instead of failing."""
-    try:
+    try:  # (dictionary-encoded and view columns too: as Spark's reader, they are text)
         return column.to_pylist()
     except UnicodeDecodeError:
         import pyarrow as pa

@@ -724,3 +724,26 @@ def test_a_text_column_in_no_local_parquet_file_is_an_error_before_any_spark_job
     pq.write_table(pa.table({"text": ["b"]}), lake / "p2.parquet")
     assert list_local_corpus(str(lake), "text", {}) is None
     assert len(list_local_corpus(str(lake / "p2.parquet"), "text", {})) == 1
+
+
+@pytest.mark.parametrize("kind", ["dictionary", "string_view", "binary_view"])
+def test_text_columns_spark_reads_as_text_are_counted_by_the_default_reader(spark, tmp_path,
+                                                                            kind):
+    """A pandas Categorical (dictionary-encoded) or a view-typed text column: Spark's reader
+    and the encode job take them, so the count's own pyarrow reader does too (it refused
+    them), with the word table of the plain column; invalid UTF-8 in a dictionary too."""
+    rows = ["the cat sat", None, "the dog", "the cat sat", "dog days"] * 40
+    plain = pa.array(rows, pa.string())
+    column = {"dictionary": plain.dictionary_encode(),
+              "string_view": plain.cast(pa.string_view()),
+              "binary_view": plain.cast(pa.binary()).cast(pa.binary_view())}[kind]
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"text": column}), lake / "p.parquet")
+    assert str(pq.read_schema(lake / "p.parquet").field("text").type).startswith(kind)
+    count_words(spark, Config(input=str(lake), output=str(tmp_path / "w"), count_reader="arrow"))
+    assert_word_table(tmp_path / "w", naive_count([rows]))
+    bad = pa.array([b"ok \xff", b"ok"] * 3, pa.binary()).view(pa.string())  # (not checked)
+    pq.write_table(pa.table({"text": bad.dictionary_encode()}), lake / "p.parquet")
+    count_words(spark, Config(input=str(lake), output=str(tmp_path / "w2")))
+    assert_word_table(tmp_path / "w2", naive_count([[b"ok \xff", b"ok"] * 3]))

@@ -166,7 +166,7 @@ def list_local_corpus(path: str, text_column: str,
         if i < 0:
             lacking.append(schema)
             continue
-        if not any(is_text(schema.field(i).type) for is_text in _TEXT_TYPES):
+        if not is_text_type(schema.field(i).type):
             return None
         read[normalize_path("file://" + f)] = meta
     if lacking and not read:  # in no file: an error now, not after Spark has started
@@ -209,32 +209,28 @@ def check_local_footers(files: list[str], can_skip: bool = True,
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
             raise corrupt_file_error(f, first_line(exc), can_skip) from None
         if schema is not None and text_column is not None:
-            check_text_type(schema, text_column, f, read_by_spark=True)
+            check_text_type(schema, text_column, f)
         if rows is not None:
             rows += meta.num_rows
     return rows
 
 
-def _spark_reads_as_text(t: pa.DataType) -> bool:
-    """A column Spark's Parquet reader gives as a string or binary: those types, dictionary-
-    encoded ones (a pandas Categorical) and the view types."""
+def is_text_type(t: pa.DataType) -> bool:
+    """A column read as text (by Spark's Parquet reader, and by pyarrow in our tasks): string
+    or binary, dictionary-encoded (a pandas Categorical) or a view type."""
     if pa.types.is_dictionary(t):
         t = t.value_type
     views = [getattr(pa.types, n, None) for n in ("is_string_view", "is_binary_view")]
     return any(is_text(t) for is_text in _TEXT_TYPES) or any(v(t) for v in views if v)
 
 
-def check_text_type(schema: pa.Schema, text_column: str, f: str,
-                    read_by_spark: bool = False) -> bool:
+def check_text_type(schema: pa.Schema, text_column: str, f: str) -> bool:
     """Whether the file's schema has ``text_column``; an error naming the file when that
-    column is not text (for pyarrow's reader in the count tasks: string or binary; for
-    Spark's, also what it reads as such)."""
+    column is not text (:func:`is_text_type`)."""
     i = schema.get_field_index(text_column)
     if i < 0:
         return False
-    t = schema.field(i).type
-    if not (_spark_reads_as_text(t) if read_by_spark
-            else any(is_text(t) for is_text in _TEXT_TYPES)):
+    if not is_text_type(schema.field(i).type):
         raise ConfigError(f"config key 'text_column': column {text_column!r} is "
                           f"{schema.field(i).type} in {f}, not string or binary")
     return True
