@@ -46,6 +46,7 @@ class ConfigError(ValueError):
 
 COUNT, TRAIN, ENCODE = "count", "train", "encode"
 ALL_JOBS = (COUNT, TRAIN, ENCODE)
+MAX_INPUT_WEIGHT = 1_000_000
 INPUT_FORMATS = ("parquet", "json", "text", "orc", "csv", "delta")
 
 
@@ -563,8 +564,10 @@ def _need(cond: bool, msg: str) -> None:
 
 def _check_sources(cfg: Config, job: str, frame: bool) -> None:
     """The corpus (input, input_table, words, weights), the output and where they lie."""
-    _need(all(w >= 1 for w in cfg.input_weights),
-          "config key 'input_weights': weights are integers >= 1")
+    _need(all(1 <= w <= MAX_INPUT_WEIGHT for w in cfg.input_weights),
+          f"config key 'input_weights': weights are integers from 1 to {MAX_INPUT_WEIGHT:,} "
+          "(word counts are 64-bit: a weight this size leaves room for 9.2 trillion "
+          "occurrences of one word)")
     _need(not cfg.input_weights or bool(cfg.inputs),
           "config key 'input_weights': weights apply to the --input sources (one per source), "
           "not to --words or --input-table")

@@ -208,9 +208,12 @@ def test_input_weights_match_the_sources():
     with pytest.raises(ConfigError, match="1 weights for 2 input sources"):
         validate(cfg("--input", "data/sample,data/sample", "--input-weights", "3",
                      "--output", "o"), "train")
-    with pytest.raises(ConfigError, match="integers >= 1"):
-        validate(cfg("--input", "data/sample", "--input-weights", "0", "--output", "o"),
-                 "train")
+    for bad in ("0", "1000001", str(2**62)):  # (a huge weight wrapped the 64-bit counts)
+        with pytest.raises(ConfigError, match="integers from 1 to 1,000,000"):
+            validate(cfg("--input", "data/sample", "--input-weights", bad, "--output", "o"),
+                     "train")
+    validate(cfg("--input", "data/sample", "--input-weights", "1000000", "--output", "o",
+                 "--vocab-size", "300"), "train")
     with pytest.raises(ConfigError, match="weights apply to the --input sources .* not to "
                                           "--words"):
         validate(cfg("--words", "w.tsv", "--input-weights", "2", "--output", "o",

@@ -347,6 +347,41 @@ def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
         import_word_table(None, Config(), str(tmp_path / "run"), str(tmp_path / "out" / "words"))
 
 
+def test_an_external_table_past_64_bits_or_unreadable_is_one_config_error(tmp_path):
+    """Counts over int64 (a line, a uint64 column, a repeated word's sum: they wrapped to
+    negative counts that were kept or dropped), a truncated .gz (EOFError) and an unknown
+    escape (taken as it was) are each one ConfigError naming the file (and line)."""
+    import gzip
+
+    from pipeline.count.external import canonical, read_parquet, read_tsv
+
+    cases = {"big.tsv": ("the\t3\nhello\t99999999999999999999\n",
+                         r"big\.tsv line 2: a count or first_seen over the 64-bit"),
+             "seen.tsv": ("a\t1\t-9223372036854775809\n", r"seen\.tsv line 1: a count"),
+             "esc.tsv": ("ok\\\\x\t1\nhe\\qllo\t5\n",
+                         r"esc\.tsv line 2: an unknown escape '\\\\q' .*write a backslash"),
+             "tail.tsv": ("end\\\t1\n", r"tail\.tsv line 1: an unknown escape '\\\\'")}
+    for name, (text, why) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError, match=f"^config key 'words': .*{why}"):
+            read_tsv(str(tmp_path / name))
+    (tmp_path / "ok.tsv").write_text("a\\tb\\\\\t9223372036854775807\n")
+    assert read_tsv(str(tmp_path / "ok.tsv")).to_pylist() == [
+        {"word": b"a\tb\\", "count": 2**63 - 1, "first_seen": 0}]
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "gz" / "c.tsv.gz").write_bytes(gzip.compress(b"hello\t5\n" * 1000)[:40])
+    with pytest.raises(ConfigError, match=r"c\.tsv\.gz cannot be read after line \d+: EOFError"):
+        read_tsv(str(tmp_path / "gz"))
+    pq.write_table(pa.table({"word": ["a"], "count": pa.array([2**64 - 1], pa.uint64())}),
+                   tmp_path / "u.parquet")
+    with pytest.raises(ConfigError, match=r"u\.parquet: a count or first_seen over the 64-bit"):
+        read_parquet(None, str(tmp_path / "u.parquet"))
+    (tmp_path / "twice.tsv").write_text("hello\t9223372036854775807\n" * 2 + "x\t1\n")
+    with pytest.raises(ConfigError, match="repeated words sum up too far: a word's count is "
+                                          "2\\*\\*63 or more"):
+        canonical(read_tsv(str(tmp_path / "twice.tsv")))
+
+
 def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tmp_path):
     """README: a word listed twice has its counts summed; first_seen (given, or the row order
     without it) becomes a dense rank; a word keeps its earliest position."""

@@ -30,6 +30,7 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.word_table import (
     WORD_TABLE_ARROW_SCHEMA,
+    CountOverflow,
     check_replaceable,
     first_in_order,
     publish_word_table,
@@ -50,12 +51,17 @@ def is_ours(spark, path: str) -> bool:
 
 
 def unescape(text: str) -> str:
+    """``\\t \\n \\r \\\\`` as the characters they stand for; any other backslash is a
+    ValueError (a word with a backslash is written with ``\\\\``)."""
     if "\\" not in text:
         return text
     out, i = [], 0
     while i < len(text):
         c = text[i]
-        if c == "\\" and i + 1 < len(text) and text[i + 1] in _UNESCAPE:
+        if c == "\\":
+            if i + 1 >= len(text) or text[i + 1] not in _UNESCAPE:
+                raise ValueError(f"an unknown escape {text[i:i + 2]!r} (the escapes are \\t "
+                                 "\\n \\r \\\\; write a backslash as \\\\)")
             out.append(_UNESCAPE[text[i + 1]])
             i += 2
         else:
@@ -110,29 +116,47 @@ def read_tsv(path: str, spark=None) -> pa.Table:
     counts: list[int] = []
     firsts: list[int] = []
     found = False
-    for f, lines in (_local_tsv(path) if fsutil.is_local(path) or spark is None
-                     else _spark_tsv(spark, path)):
-        found = True
-        for n, line in enumerate(lines, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line:
-                continue
-            parts = line.split("\t")
-            try:
-                if len(parts) not in (2, 3):  # (an empty word is left out by canonical)
-                    raise ValueError
-                counts.append(int(parts[1]))
-                firsts.append(int(parts[2]) if len(parts) == 3 else len(firsts))
-            except ValueError:
-                raise ConfigError(
-                    f"config key 'words': {f} line {n} is not 'word<TAB>count"
-                    f"[<TAB>first_seen]': {line[:80]!r}") from None
-            words.append(unescape(parts[0]).encode("utf-8", "surrogateescape"))
+    f, n = path, 0
+    try:
+        for f, lines in (_local_tsv(path) if fsutil.is_local(path) or spark is None
+                         else _spark_tsv(spark, path)):
+            found = True
+            for n, line in enumerate(lines, 1):
+                line = line.rstrip("\n").rstrip("\r")
+                if line:
+                    _tsv_line(line, f, n, words, counts, firsts)
+    except (OSError, EOFError) as exc:  # a truncated .gz, a file that cannot be read
+        raise ConfigError(f"config key 'words': {f} cannot be read after line {n}: "
+                          f"{type(exc).__name__}: {exc}") from None
     if not found:
         raise ConfigError(f"config key 'words': no TSV files ({', '.join(TSV_SUFFIXES)}) in "
                           f"{path}")
     return pa.table({"word": pa.array(words, pa.binary()), "count": pa.array(counts, pa.int64()),
                      "first_seen": pa.array(firsts, pa.int64())})
+
+
+def _tsv_line(line: str, f: str, n: int, words: list[bytes], counts: list[int],
+              firsts: list[int]) -> None:
+    """Line ``n`` of TSV file ``f`` appended to the columns, or a ConfigError naming it."""
+    parts = line.split("\t")
+    try:
+        if len(parts) not in (2, 3):  # (an empty word is left out by canonical)
+            raise ValueError
+        count = int(parts[1])
+        first = int(parts[2]) if len(parts) == 3 else len(firsts)
+    except ValueError:
+        raise ConfigError(f"config key 'words': {f} line {n} is not 'word<TAB>count"
+                          f"[<TAB>first_seen]': {line[:80]!r}") from None
+    if not (-2**63 <= count < 2**63 and -2**63 <= first < 2**63):
+        raise ConfigError(f"config key 'words': {f} line {n}: a count or first_seen over "
+                          f"the 64-bit integers of a word table: {line[:80]!r}")
+    try:
+        word = unescape(parts[0]).encode("utf-8", "surrogateescape")
+    except ValueError as exc:
+        raise ConfigError(f"config key 'words': {f} line {n}: {exc}: {line[:80]!r}") from None
+    words.append(word)
+    counts.append(count)
+    firsts.append(first)
 
 
 def read_parquet(spark, path: str) -> pa.Table:
@@ -170,8 +194,14 @@ def read_parquet(spark, path: str) -> pa.Table:
         word = pc.cast(word, pa.binary())
     first = (t.column("first_seen") if "first_seen" in t.column_names
              else pa.array(np.arange(t.num_rows, dtype=np.int64)))
-    return pa.table({"word": word, "count": pc.cast(t.column("count"), pa.int64()),
-                     "first_seen": pc.cast(first, pa.int64())})
+    try:
+        columns = {"count": pc.cast(t.column("count"), pa.int64()),
+                   "first_seen": pc.cast(first, pa.int64())}
+    except pa.ArrowInvalid as exc:  # (uint64 values of 2**63 and more)
+        why = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"config key 'words': {path}: a count or first_seen over the 64-bit "
+                          f"integers of a word table ({why})") from None
+    return pa.table({"word": word, **columns})
 
 
 def canonical(table: pa.Table) -> pa.Table:
@@ -186,7 +216,10 @@ def canonical(table: pa.Table) -> pa.Table:
                     "empty or null word)", len(keep) - int(keep.sum()), len(keep))
     words = words.filter(pa.array(keep))
     counts, first = counts[keep], first[keep]
-    distinct, wid, totals = sum_duplicates(words, counts)
+    try:
+        distinct, wid, totals = sum_duplicates(words, counts)
+    except CountOverflow as exc:
+        raise ConfigError(f"config key 'words': repeated words sum up too far: {exc}") from None
     n = len(distinct)
     order = np.lexsort((np.arange(len(wid)), first))  # by position, then by row
     at = first_in_order(wid, order)

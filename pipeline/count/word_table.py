@@ -292,7 +292,14 @@ def sum_duplicates(words: pa.Array, counts: np.ndarray
     word_id = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     totals = np.zeros(len(enc.dictionary), dtype=np.int64)  # (np.bincount sums in float64)
     np.add.at(totals, word_id, counts)
+    if len(counts) and np.bincount(word_id, weights=counts).max() >= 2.0**63:  # (it wrapped)
+        raise CountOverflow("a word's count is 2**63 or more: over the 64-bit counts of a "
+                            "word table")
     return enc.dictionary.cast(pa.binary()), word_id, totals
+
+
+class CountOverflow(ValueError):
+    """A word's summed count does not fit in the word table's int64."""
 
 
 def first_in_order(word_id: np.ndarray, by_key: np.ndarray) -> np.ndarray:
