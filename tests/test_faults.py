@@ -478,8 +478,12 @@ def test_a_failed_write_is_one_line_and_the_same_command_resumes(spark, corpus, 
     last = p.last_line()
     assert re.match(rf"error: train could not write {written} in stage '{point}': "
                     r"File too large; .* rerun the same command to resume$", last), last
-    saved = 60 if point == "merges" else VOCAB - 257
-    assert newest_checkpoint(run / "checkpoints") == saved and not (run / "run.json").exists()
+    saved = newest_checkpoint(run / "checkpoints")
+    if point == "merges":  # every 20 merges until a checkpoint outgrew 2 KB
+        assert 60 <= saved < VOCAB - 257 and saved % 20 == 0, saved
+    else:
+        assert saved == VOCAB - 257
+    assert not (run / "run.json").exists()
 
     p = submit([*args, "--vocab-size", str(VOCAB)], tmp_path, "room-again")
     procs.append(p)

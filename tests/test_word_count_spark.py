@@ -236,7 +236,9 @@ def test_local_listing_matches_sparks(spark, mixed_corpus, tmp_path):
     one = sorted(d.glob("*.parquet"))[0]
     assert corpus.list_local_corpus(str(one), "text") == [f"file://{one}"]
     assert corpus.list_local_corpus(str(d / "*.parquet"), "text") is None  # glob
-    assert corpus.list_local_corpus(str(d), "body") is None  # no such column
+    with pytest.raises(ConfigError, match="column 'body' not in"):  # in no file: said now
+        corpus.list_local_corpus(str(d), "body")
+    assert corpus.list_local_corpus(str(d), "TEXT") is None  # Spark may match another case
     assert corpus.list_local_corpus(str(tmp_path / "missing"), "text") is None
     (d / "sub").mkdir()
     assert corpus.list_local_corpus(str(d), "text") is None  # nested: Spark decides

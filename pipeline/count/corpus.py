@@ -163,7 +163,9 @@ def list_local_corpus(path: str, text_column: str,
             skipped.append(normalize_path("file://" + f))
             continue
         i = schema.get_field_index(text_column)
-        if i < 0:
+        if i < 0:  # (in another case Spark's reader may take it: spark.sql.caseSensitive)
+            if text_column.lower() in (n.lower() for n in schema.names):
+                return None
             lacking.append(schema)
             continue
         if not is_text_type(schema.field(i).type):
