@@ -685,7 +685,9 @@ class LocalTrainer:
                     self._pop()
                 continue
             if max_token_bytes is not None and tl[lefts[i]] + tl[rights[i]] > max_token_bytes:
-                self._pop()  # never mergeable; its count only falls from here
+                # never mergeable: it stays marked as in the heap, so that a lower floor does
+                # not push it again (a push by a count change is popped here again)
+                heapq.heappop(heap)
                 continue
             real = state.first_live(i)
             if real != pos:
