@@ -151,7 +151,8 @@ def _absolute_paths(cfg: Config) -> None:
         return os.path.abspath(path) if path and not fsutil.scheme(path) else path
 
     cfg.input = ",".join(fix(p) for p in cfg.inputs)
-    for key in ("words", "output", "tokenizer", "checkpoint_dir", "report_sample"):
+    for key in ("words", "output", "tokenizer", "checkpoint_dir", "report_sample",
+                "progress_file"):
         setattr(cfg, key, fix(getattr(cfg, key)))
 
 

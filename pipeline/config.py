@@ -511,25 +511,27 @@ def same_or_inside(inner: str, outer: str) -> str | None:
     return _inside(_comparable(inner), _comparable(outer))
 
 
+def _read_by(place: str, source: str) -> bool:
+    """Whether the readers of ``source`` (a path, a directory or a glob) list what is at
+    ``place`` (comparable): inside the source directory (unless under a name they skip,
+    ``_runs/x`` or ``.x``), or, for a glob, under a name the glob matches."""
+    below = _inside(place, _comparable(source))
+    if below is None or below == "":
+        return below == ""
+    if any(part.startswith(("_", ".")) for part in below.split("/")):
+        return False  # the readers skip it
+    pattern = _split_glob(source)[1]
+    return not pattern or all(fnmatch.fnmatchcase(part, pat)  # each level the glob has
+                              for part, pat in zip(below.split("/"), pattern.split("/")))
+
+
 def check_output_place(output: str, sources: list[tuple[str, str]]) -> None:
     """An output must not be a file (or under one), hold a source, or lie where a source's
-    readers would list it: inside a source directory (unless under a name they skip,
-    ``_runs/x`` or ``.x``), or, for a glob, under a name the glob matches. ``sources``:
-    (config key, path). Local paths only are checked for being files."""
+    readers would list it (:func:`_read_by`). ``sources``: (config key, path). Local paths
+    only are checked for being files."""
     out = _comparable(output)
     for key, given in sources:
-        src, pattern = _comparable(given), _split_glob(given)[1]
-        below = _inside(out, src)
-        if below is None or below == "":
-            read = below == ""
-        elif pattern:  # each level the glob has must match
-            read = all(fnmatch.fnmatchcase(part, pat)
-                       for part, pat in zip(below.split("/"), pattern.split("/")))
-        else:
-            read = True
-        if below and any(part.startswith(("_", ".")) for part in below.split("/")):
-            read = False  # the readers skip it
-        if _inside(src, out) is not None or read:
+        if _inside(_comparable(given), out) is not None or _read_by(out, given):
             raise ConfigError(f"config key 'output': {output} overlaps --{key.replace('_', '-')} "
                               f"{given} (writing it would replace or add to what is read); "
                               "choose an output outside it")
@@ -618,7 +620,7 @@ def _read_places(cfg: Config, job: str) -> list[tuple[str, str]]:
 
 def _not_where_read(key: str, path: str, cfg: Config, job: str) -> None:
     for what, source in _read_places(cfg, job):
-        _need(same_or_inside(path, _split_glob(source)[0]) is None,
+        _need(not _read_by(_comparable(path), source),
               f"config key '{key}': {path} is inside --{what.replace('_', '-')} {source}, "
               "which the job reads; write it elsewhere")
 
@@ -628,10 +630,10 @@ def _check_checkpoint_dir(cfg: Config) -> None:
     recount replaces the table's directory, and the checkpoints' lease with it)."""
     path = cfg.checkpoint_dir
     _not_where_read("checkpoint_dir", path, cfg, TRAIN)
-    table = cfg.words or join(cfg.output, "words")
-    _need(same_or_inside(path, table) is None,
-          f"config key 'checkpoint_dir': {path} is inside the word table {table}, which a "
-          "count replaces whole; choose a checkpoint directory outside it")
+    for table in [cfg.words] * bool(cfg.words) + [join(cfg.output, "words")]:
+        _need(same_or_inside(path, table) is None,  # (an external --words is copied there)
+              f"config key 'checkpoint_dir': {path} is inside the word table {table}, which "
+              "a count replaces whole; choose a checkpoint directory outside it")
 
 
 def _check_progress_file(cfg: Config, job: str) -> None:
@@ -645,7 +647,8 @@ def _check_progress_file(cfg: Config, job: str) -> None:
         _need(not os.path.isdir(local_path(path)), f"{key} is a directory; give a file")
     own = job == TRAIN and same_or_inside(path, cfg.output) == "progress.jsonl"
     _need(own or same_or_inside(path, cfg.output) is None,
-          f"{key} is inside --output {cfg.output}, which the job replaces; write it elsewhere")
+          f"{key} is inside --output {cfg.output}, which holds the job's own files only; "
+          "write it elsewhere")
     _not_where_read("progress_file", path, cfg, job)
     if job == TRAIN and cfg.checkpoint_dir:
         _need(same_or_inside(path, cfg.checkpoint_dir) is None,

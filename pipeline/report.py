@@ -20,6 +20,7 @@ import html
 import logging
 import math
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -530,7 +531,7 @@ def check_report_sample(cfg) -> None:
             if cfg.text_column not in names:
                 why = f"no column {cfg.text_column!r} (columns: {', '.join(names)})"
     except ConfigError as exc:
-        why = str(exc).removeprefix("config key 'input': ")
+        why = re.sub(r"^config key '\w+': ", "", str(exc))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds
         why = first_line(exc)
     if why:

@@ -530,3 +530,26 @@ def test_checkpoints_go_outside_what_the_run_reads_and_its_word_table(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint_dir.: .* is inside --words"):
         validate(cfg("--words", str(words), "--output", str(run), "--vocab-size", "300",
                      "--checkpoint-dir", str(words / "ck")), "train")
+
+
+def test_checkpoints_and_progress_may_go_where_the_readers_do_not_look(tmp_path):
+    """Beside the files a glob reads, or under a name the readers skip (``_x``, ``.x``): as
+    for --output. An external --words is copied into RUN/words, so checkpoints may not go
+    there either."""
+    (tmp_path / "corpus").mkdir()
+    glob = str(tmp_path / "corpus" / "*.parquet")
+    run = tmp_path / "run"
+    for inp, place in ((glob, tmp_path / "corpus" / "ckpt"),
+                       (str(tmp_path / "corpus"), tmp_path / "corpus" / "_ckpt"),
+                       (str(tmp_path / "corpus"), tmp_path / "corpus" / ".ck")):
+        base = ["--input", inp, "--output", str(run), "--vocab-size", "300"]
+        assert validate(cfg(*base, "--checkpoint-dir", str(place)), "train")
+        assert validate(cfg(*base, "--progress-file", str(place / "p.jsonl")), "count")
+    with pytest.raises(ConfigError, match="checkpoint_dir.: .* is inside --input"):
+        validate(cfg("--input", glob, "--output", str(run), "--vocab-size", "300",
+                     "--checkpoint-dir", str(tmp_path / "corpus" / "x.parquet")), "train")
+    (tmp_path / "w.tsv").write_text("a\t1\n")
+    with pytest.raises(ConfigError, match="checkpoint_dir.: .* is inside the word table "
+                                          f"{run}/words"):
+        validate(cfg("--words", str(tmp_path / "w.tsv"), "--output", str(run), "--vocab-size",
+                     "300", "--checkpoint-dir", str(run / "words" / "ck")), "train")

@@ -382,6 +382,21 @@ def test_an_external_table_past_64_bits_or_unreadable_is_one_config_error(tmp_pa
         canonical(read_tsv(str(tmp_path / "twice.tsv")))
 
 
+def test_a_repeated_word_s_sum_is_checked_exactly_against_64_bits():
+    """Summed in floats, 2**63 - 2048 + 5 x 511 rounds to under 2**63 and 2**62 + (2**62 - 1)
+    rounds to 2**63: the check must say overflow for the first and not for the second."""
+    import numpy as np
+
+    from pipeline.count.word_table import CountOverflow, sum_duplicates
+
+    words = pa.array([b"a"] * 6)
+    with pytest.raises(CountOverflow):
+        sum_duplicates(words, np.array([2**63 - 2048] + [511] * 5, dtype=np.int64))
+    _, _, totals = sum_duplicates(pa.array([b"a", b"b", b"a"]),
+                                  np.array([2**62, 7, 2**62 - 1], dtype=np.int64))
+    assert totals.tolist() == [2**63 - 1, 7]
+
+
 def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tmp_path):
     """README: a word listed twice has its counts summed; first_seen (given, or the row order
     without it) becomes a dense rank; a word keeps its earliest position."""

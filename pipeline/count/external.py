@@ -120,7 +120,7 @@ def read_tsv(path: str, spark=None) -> pa.Table:
     try:
         for f, lines in (_local_tsv(path) if fsutil.is_local(path) or spark is None
                          else _spark_tsv(spark, path)):
-            found = True
+            found, n = True, 0
             for n, line in enumerate(lines, 1):
                 line = line.rstrip("\n").rstrip("\r")
                 if line:

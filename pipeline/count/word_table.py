@@ -292,10 +292,19 @@ def sum_duplicates(words: pa.Array, counts: np.ndarray
     word_id = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     totals = np.zeros(len(enc.dictionary), dtype=np.int64)  # (np.bincount sums in float64)
     np.add.at(totals, word_id, counts)
-    if len(counts) and np.bincount(word_id, weights=counts).max() >= 2.0**63:  # (it wrapped)
-        raise CountOverflow("a word's count is 2**63 or more: over the 64-bit counts of a "
-                            "word table")
+    if len(counts) and int(counts.max()) * len(counts) >= 2**63:  # (else no sum can wrap)
+        _check_sums(word_id, counts, len(totals))
     return enc.dictionary.cast(pa.binary()), word_id, totals
+
+
+def _check_sums(word_id: np.ndarray, counts: np.ndarray, n: int) -> None:
+    """CountOverflow if a word's summed count is 2**63 or more: the words whose float sum
+    comes near (within far more than its rounding) are summed again exactly."""
+    near = np.flatnonzero(np.bincount(word_id, weights=counts, minlength=n) >= 2.0**62)
+    for w in near.tolist():
+        if sum(counts[word_id == w].tolist()) >= 2**63:
+            raise CountOverflow("a word's count is 2**63 or more: over the 64-bit counts of "
+                                "a word table")
 
 
 class CountOverflow(ValueError):
