@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -328,11 +330,40 @@ def hadoop_umask_from_process(sc: SparkContext) -> None:
 
 def _started(sc: SparkContext) -> None:
     _hold_jvm_shutdown(sc)
+    _sigint_outside_finalizers()
     hadoop_umask_from_process(sc)
     _settings.update(sc.getConf().getAll())
     logging.getLogger("pipeline.spark_session").info(
         "Spark application '%s' (%s), master %s, %d cores, web UI %s", sc.appName,
         sc.applicationId, sc.master, sc.defaultParallelism, sc.uiWebUrl or "off")
+
+
+_FINALIZERS = ("_garbage_collect_object", "__del__")  # py4j's weakref callback, any __del__
+
+
+def _sigint_outside_finalizers() -> None:
+    """PySpark's SIGINT handler (cancel every job, raise KeyboardInterrupt) raises wherever
+    the main thread is. Inside a finalizer, py4j's garbage-collection callback of a Java
+    object that often, Python prints "Exception ignored" and goes on: Ctrl-C was lost and the
+    job ran on (seen while counting). Wrapped here: a SIGINT that comes there is delivered
+    again 50 ms later (``_thread.interrupt_main``), when the finalizer has returned."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    inner = signal.getsignal(signal.SIGINT)
+    if not callable(inner) or getattr(inner, "spark_bpe_wrapped", False):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        f = frame
+        while f is not None:
+            if f.f_code.co_name in _FINALIZERS:
+                threading.Timer(0.05, _thread.interrupt_main).start()
+                return
+            f = f.f_back
+        inner(signum, frame)
+
+    handler.spark_bpe_wrapped = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, handler)
 
 
 def web_ui_enabled(mode: str, master: str) -> bool:

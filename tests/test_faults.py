@@ -685,6 +685,42 @@ def test_ctrl_c_while_counting_is_exit_130_and_publishes_nothing(spark, corpus, 
     assert merges_txt(run) == merges_txt(ref)
 
 
+def test_a_sigint_inside_a_finalizer_is_delivered_again_after_it():
+    """Ctrl-C that lands in py4j's garbage-collection callback (a finalizer, where Python
+    prints "Exception ignored" and drops the KeyboardInterrupt) was lost: the job ran on
+    (seen once in the test above). The wrapped handler hands it on outside, 50 ms later;
+    anywhere else at once."""
+    from pipeline import spark_session
+
+    calls: list[str] = []
+
+    def pyspark_like(signum, frame):  # cancels the jobs, then raises
+        calls.append(frame.f_code.co_name)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, pyspark_like)
+    try:
+        spark_session._sigint_outside_finalizers()
+        handler = signal.getsignal(signal.SIGINT)
+        assert handler is not pyspark_like
+        spark_session._sigint_outside_finalizers()  # (wrapped once, however often started)
+        assert signal.getsignal(signal.SIGINT) is handler
+
+        def _garbage_collect_object():  # as py4j's: an exception raised here would be lost
+            handler(signal.SIGINT, sys._getframe())
+
+        _garbage_collect_object()
+        assert calls == []
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(5)  # (interrupted after 50 ms)
+        assert len(calls) == 1 and calls[0] != "_garbage_collect_object"
+        with pytest.raises(KeyboardInterrupt):
+            handler(signal.SIGINT, sys._getframe())
+        assert len(calls) == 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_executor_killed_on_local_cluster_the_job_completes(spark, corpus, tmp_path, procs,
