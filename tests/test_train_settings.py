@@ -108,23 +108,28 @@ def test_a_chars_rerun_over_a_bytes_run_leaves_none_of_its_exports(spark, tmp_pa
         load_tiktoken(str(run))
 
 
+class RecordingCheckpointer:
+    """A checkpointer that records how many merges each checkpoint held."""
+
+    def __init__(self) -> None:
+        self.saved: list[int] = []
+        self.last_written = 0
+
+    def save(self, merges, removed) -> None:
+        self.saved.append(len(merges))
+        self.last_written = len(merges)
+
+
 def test_the_merge_log_checkpoints_after_checkpoint_every_seconds(monkeypatch):
     from pipeline import train as train_mod
     from pipeline.bpe import Merge, bytes_vocab
 
     now = [1000.0]
     monkeypatch.setattr(train_mod.time, "time", lambda: now[0])
-    saved: list[int] = []
-
-    class Checkpointer:
-        last_written = 0
-
-        def save(self, merges, removed):
-            saved.append(len(merges))
-            self.last_written = len(merges)
-
+    ckpt = RecordingCheckpointer()
+    saved = ckpt.saved
     cfg = Config(checkpoint_every_merges=1000, checkpoint_every_seconds=5)
-    prep = SimpleNamespace(cfg=cfg, checkpointer=Checkpointer(), target=10, prior=[],
+    prep = SimpleNamespace(cfg=cfg, checkpointer=ckpt, target=10, prior=[],
                            prior_removed=[], base=bytes_vocab())
     stage = SimpleNamespace(update=lambda *a, **k: None)
     mlog = train_mod.MergeLog(prep, stage)
@@ -167,17 +172,10 @@ def test_the_driver_engine_checkpoints_every_checkpoint_every_merges():
     oracle = [(m.left, m.right) for m in train_oracle(syms, counts, base, 450)]
     for every, expected in ((100, [100, 200, 300, 400]), (300, [300]),
                             (40, list(range(40, 450, 40)))):
-        saved: list[int] = []
-
-        class Checkpointer:
-            last_written = 0
-
-            def save(self, merges, removed):
-                saved.append(len(merges))
-                self.last_written = len(merges)
-
+        ckpt = RecordingCheckpointer()
+        saved = ckpt.saved
         cfg = Config(checkpoint_every_merges=every, checkpoint_every_seconds=3600)
-        prep = SimpleNamespace(cfg=cfg, checkpointer=Checkpointer(), target=450, prior=[],
+        prep = SimpleNamespace(cfg=cfg, checkpointer=ckpt, target=450, prior=[],
                                prior_removed=[], base=bytes_vocab())
         mlog = train_mod.MergeLog(prep, SimpleNamespace(update=lambda *a, **k: None,
                                                         restart_rate=lambda: None))
