@@ -46,8 +46,8 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import (
     SHARED_FS,
-    UNREADABLE,
     ReadSlice,
+    UnreadableFile,
     first_line,
     list_local_corpus,
     not_here,
@@ -65,7 +65,7 @@ from pipeline.encode_corpus import (
     worker_encoder,
 )
 from pipeline.memory import task_out_of_memory
-from pipeline.spark_session import TaskCounts
+from pipeline.spark_session import TaskCounts, TaskErrors
 
 log = logging.getLogger(__name__)
 
@@ -251,20 +251,29 @@ def encode_local(spark: SparkSession, local: LocalEncode, bc: Broadcast, acc: Ac
     counts.total_rows = local.rows
     shape = LocalEncode([], local.keys, local.columns, local.schema, local.rows)  # no tasks
 
+    errors = TaskErrors(spark.sparkContext)
+
     def run(tasks: Iterator[EncodeTask]) -> Iterator[int]:
         from pyspark import TaskContext
 
         attempt = TaskContext.get().attemptNumber()
         for t in tasks:
             part = os.path.join(out, f"_attempt-{t.index:05d}-{attempt}-{job}")
-            stats = _encode_task(bc.value, shape, t, part, counts)
+            try:
+                stats = _encode_task(bc.value, shape, t, part, counts)
+            except UnreadableFile as exc:  # no retry mends it: the driver ends the job
+                errors.report(t.index, exc)
+                with contextlib.suppress(OSError):
+                    os.remove(part)
+                break
             os.replace(part, _final_name(out, t.index, job))
             acc.add({t.index: stats})
         yield 0
 
     n = len(local.tasks)  # each task's slices go to that task only
     try:
-        spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
+        with errors.raising(spark.sparkContext, UnreadableFile):
+            spark.sparkContext.parallelize(local.tasks, n).mapPartitions(run).collect()
     except Exception as exc:
         gone = parse_not_here(str(exc), "output")
         if gone is None:
@@ -346,4 +355,4 @@ def _read(s: ReadSlice, columns: list[str], opened: dict[str, pq.ParquetFile]
     except FileNotFoundError:  # listed by the driver, not there for this executor
         raise not_here(s.path) from None
     except (OSError, pa.ArrowException) as exc:
-        raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
+        raise UnreadableFile.at(s.path, first_line(exc)) from None

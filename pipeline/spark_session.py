@@ -409,6 +409,81 @@ class PerTask(AccumulatorParam):
         return a
 
 
+class TaskErrors:
+    """Errors a task finds that no retry mends (an input file that is corrupt): the task
+    reports the error (:meth:`report`) and ends without failing, so that Spark does not run it
+    again (``spark.task.maxFailures`` times on a cluster, each with a Python traceback in the
+    log) while the other tasks read on. The driver runs the job inside :meth:`raising`, which
+    cancels the job group at the first report and raises the error the task would have raised.
+    Pickled into the tasks."""
+
+    POLL_SECONDS = 0.2
+    SETTLE_SECONDS = 10.0  # how long the driver waits for the cancelled tasks to end
+
+    def __init__(self, sc: SparkContext):
+        self.found = sc.accumulator({}, PerTask())  # {task: message}
+
+    def report(self, task: int, error: Exception) -> None:
+        """Task side."""
+        self.found.add({task: str(error)})
+
+    def first(self) -> str | None:
+        """Driver side: the message of the lowest task that reported, if any."""
+        found = self.found.value
+        return found[min(found)] if found else None
+
+    @contextlib.contextmanager
+    def raising(self, sc: SparkContext, error: Callable[[str], Exception]) -> Iterator[None]:
+        """Run the job in the block; at the first report, cancel this thread's job group (if
+        it has one) and raise ``error(message)`` in place of whatever the job ended with."""
+        group = sc.getLocalProperty("spark.jobGroup.id")
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(self.POLL_SECONDS):
+                if self.found.value:
+                    with contextlib.suppress(Exception):  # (the job may have ended since)
+                        sc.cancelJobGroup(group)
+                    return
+
+        watcher = threading.Thread(target=watch, name="spark-bpe-task-errors", daemon=True)
+        if group is not None:
+            watcher.start()
+        try:
+            yield
+        except BaseException:
+            self._raise_first(sc, group, error)
+            raise
+        finally:
+            done.set()
+            if watcher.is_alive():
+                watcher.join()
+        self._raise_first(sc, group, error)
+
+    def _raise_first(self, sc: SparkContext, group: str | None,
+                     error: Callable[[str], Exception]) -> None:
+        message = self.first()
+        if message is None:
+            return
+        if group is not None:  # the cancelled tasks end first (a driver that stops under
+            _wait_for_tasks(sc, group, self.SETTLE_SECONDS)  # them logs Java errors)
+        raise error(message) from None
+
+
+def _wait_for_tasks(sc: SparkContext, group: str, seconds: float) -> None:
+    """Wait (at most ``seconds``) until no task of the job group's jobs is running."""
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(Exception):  # (a stopped context: nothing runs)
+        while time.monotonic() < deadline:
+            stages = [s for j in tracker.getJobIdsForGroup(group)
+                      for s in getattr(tracker.getJobInfo(j), "stageIds", ())]
+            infos = [tracker.getStageInfo(s) for s in stages]
+            if not any(i is not None and i.numActiveTasks for i in infos):
+                return
+            time.sleep(0.1)
+
+
 class TaskReporter:
     """Inside one task: its running totals (rows and bytes read), written to a small file the
     driver reads (local masters) at the first update, then at most every ``REPORT_SECONDS``,

@@ -22,7 +22,7 @@ from pipeline.train import train
 
 from .conftest import SAMPLE
 from .naive_count import assert_word_table, naive_count
-from .sparkjobs import job_env, oracle_merges, process_groups, submit
+from .sparkjobs import ENCODE, job_env, oracle_merges, process_groups, submit
 
 procs = pytest.fixture(name="procs")(process_groups)
 
@@ -463,6 +463,75 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
         assert stats["bytes"] == sum(len(t.encode()) for t in good), stats
         assert stats["words"] == sum(r["count"] for r in tables[-1]), stats
     assert tables[0] == tables[1]
+
+
+@pytest.mark.spark
+def test_a_task_error_ends_the_job_without_waiting_for_the_other_tasks(spark):
+    """A task that reports an error no retry mends (TaskErrors) ends normally; the driver
+    cancels the job at once and raises that error, though another task would run a minute."""
+    from pipeline.count.corpus import UnreadableFile
+    from pipeline.spark_session import TaskErrors, job_group
+
+    sc = spark.sparkContext
+    errors = TaskErrors(sc)
+
+    def task(ids):
+        for i in ids:
+            if i == 1:
+                errors.report(i, UnreadableFile.at("/lake/b.parquet", "bad page"))
+            else:
+                time.sleep(60)
+            yield i
+
+    t0 = time.time()
+    expected = r"^spark-bpe: unreadable input file /lake/b\.parquet :: bad page$"
+    with job_group(sc, "test"), pytest.raises(UnreadableFile, match=expected), \
+            errors.raising(sc, UnreadableFile):
+        sc.parallelize([0, 1], 2).mapPartitions(task).count()
+    assert time.time() - t0 < 20
+    # no report: the job's own result or error, untouched
+    with job_group(sc, "test"), TaskErrors(sc).raising(sc, UnreadableFile):
+        assert sc.parallelize([0, 1], 2).count() == 2
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_damaged_file_is_one_attempt_and_one_line_where_spark_retries_tasks(tmp_path, procs):
+    """On a cluster Spark runs a failed task again (spark.task.maxFailures = 4), each time
+    with a Python traceback in the log. A file whose data cannot be read fails the same way
+    every time: the count's and the encode's tasks report it instead of failing, and the job
+    ends after one attempt with one line naming the file (local[2,4]: 4 attempts per task, as
+    on a cluster)."""
+    lake = tmp_path / "lake"
+    lake_with_a_file_damaged_part_way(lake)
+
+    def quiet_failure(p, name: str) -> None:
+        assert p.wait(120) == 2, p.tail()
+        log = p.log()
+        assert re.search(rf"error: config key 'input': \S+/{name} is not a readable Parquet "
+                         rf"file", log), log[-3000:]
+        assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+        # no task failed (tasks still running when the job ended were cancelled)
+        assert all("TaskKilled" in line for line in log.splitlines()
+                   if "Lost task" in line), log[-3000:]
+
+    p = submit(["--input", str(lake), "--output", str(tmp_path / "run"), "--vocab-size", "300"],
+               tmp_path, "count", master="local[2,4]", env=job_env())
+    procs.append(p)
+    quiet_failure(p, "part-1.parquet")
+    good = tmp_path / "good"
+    good.mkdir()
+    (lake / "part-0.parquet").rename(good / "part-0.parquet")
+    p = submit(["--input", str(good), "--output", str(tmp_path / "run"), "--vocab-size", "300"],
+               tmp_path, "train", env=job_env())
+    procs.append(p)
+    assert p.wait(120) == 0, p.tail()
+    p = submit(["--tokenizer", str(tmp_path / "run"), "--input", str(lake), "--output",
+                str(tmp_path / "encoded"), "--encode-io", "arrow"], tmp_path, "encode",
+               master="local[2,4]", env=job_env(), job=ENCODE)
+    procs.append(p)
+    quiet_failure(p, "part-1.parquet")
+    assert not (tmp_path / "encoded").exists()
 
 
 @pytest.mark.spark

@@ -45,6 +45,16 @@ def not_here(path: str, what: str = "input") -> RuntimeError:
     return RuntimeError(f"{NOT_HERE} {what} {socket.gethostname()} :: {path}")
 
 
+class UnreadableFile(RuntimeError):
+    """Raised in a task for an input file it cannot read (corrupt, truncated): the driver
+    makes it one line naming the file (see :func:`unreadable_file_error`). A task may report
+    it instead of failing (:class:`pipeline.spark_session.TaskErrors`): no retry mends it."""
+
+    @classmethod
+    def at(cls, path: str, reason: str) -> UnreadableFile:
+        return cls(f"{UNREADABLE} {path} :: {reason}")
+
+
 def parse_not_here(text: str, what: str) -> tuple[str, str] | None:
     """(host, path) of a task's :func:`not_here` error about ``what`` in Spark's message."""
     m = re.search(re.escape(f"{NOT_HERE} {what} ") + r"(\S+) :: ([^\n]+)", text)

@@ -35,9 +35,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pipeline import faults, fsutil
 from pipeline.config import COUNT, Config, ConfigError
 from pipeline.count.corpus import (
-    UNREADABLE,
     Corpus,
     ReadSlice,
+    UnreadableFile,
     arrow_plan,
     first_line,
     format_name,
@@ -89,6 +89,7 @@ from pipeline.pretokenize import (
 from pipeline.progress import Progress, jsonl_at
 from pipeline.spark_session import (
     TaskCounts,
+    TaskErrors,
     TaskReporter,
     job_group,
     read_progress,
@@ -240,7 +241,7 @@ def _count_slices(spec: PretokenizerSpec, text_column: str, slices: list[ReadSli
             raise task_out_of_memory(s.path, exc) from None  # (never skipped: not corrupt)
         except (OSError, pa.ArrowException) as exc:
             if not ignore_corrupt:  # the driver turns this into one line naming the file
-                raise RuntimeError(f"{UNREADABLE} {s.path} :: {first_line(exc)}") from None
+                raise UnreadableFile.at(s.path, first_line(exc)) from None
             unreadable.add(s.file_index)  # the merge leaves out all its rows (merge.py)
     if report is not None:
         report.finish(rows_read, bytes_read)
@@ -334,18 +335,24 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
     n = len(plan)
     counts.total_rows = sum(s.num_rows for task in plan for s in task)
 
+    errors = TaskErrors(sc)
+
     def count_task(ids: Iterator[int]) -> Iterator[bytes]:
         for i in ids:
             batches = _count_slices(spec, text_column, plan[i], cap, ignore, weights,
                                     counts.reporter(i))
-            if spill is not None:
-                task_bytes = os.path.getsize(write_spill_file(spill, i, batches))
-            else:
-                task_bytes = 0
-                for b in batches:
-                    blob = arrow_ipc([b], PARTIAL_ARROW_SCHEMA)
-                    task_bytes += len(blob)
-                    yield blob
+            try:
+                if spill is not None:
+                    task_bytes = os.path.getsize(write_spill_file(spill, i, batches))
+                else:
+                    task_bytes = 0
+                    for b in batches:
+                        blob = arrow_ipc([b], PARTIAL_ARROW_SCHEMA)
+                        task_bytes += len(blob)
+                        yield blob
+            except UnreadableFile as exc:  # no retry mends it: the driver ends the job
+                errors.report(i, exc)
+                return
             size.add((task_bytes, task_bytes))
             release_freed_memory()  # the worker idles while the driver trains
 
@@ -355,7 +362,12 @@ def _count_partials(spark: SparkSession, corpus: Corpus, cfg: Config, spec: Pret
     partials = Partials(spark, 0, 0, blobs=None if spill else blobs, spill_dir=spill,
                         files=[os.path.join(spill, f"task-{i:05d}.arrow") for i in range(n)]
                         if spill else [])
-    return _measured(partials, blobs.count, size)
+
+    def run() -> None:
+        with errors.raising(sc, UnreadableFile):
+            blobs.count()
+
+    return _measured(partials, run, size)
 
 
 def _measured(partials: Partials, run: Callable[[], object], size: Accumulator) -> Partials:
