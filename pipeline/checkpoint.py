@@ -126,9 +126,10 @@ def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | No
     return text + f"#sha256 {hashlib.sha256(text.encode()).hexdigest()}\n"
 
 
-def parse(text: str, base_size: int
-               ) -> tuple[str, dict | None, list[Merge], list[int]]:
-    """(fingerprint, settings, merges, tokens removed by each); ValueError if corrupt."""
+def parse(text: str, base_size: int | None
+          ) -> tuple[str, dict | None, list[Merge], list[int]]:
+    """(fingerprint, settings, merges, tokens removed by each); ValueError if corrupt.
+    ``base_size`` None: the header and checksum only (no merges returned)."""
     if not text.endswith("\n"):
         raise ValueError("truncated (no final newline)")
     lines = text[:-1].split("\n")
@@ -151,6 +152,9 @@ def parse(text: str, base_size: int
     rows = lines[i:-1]
     if len(rows) != n:
         raise ValueError(f"header says {n} merges, file has {len(rows)}")
+    settings = json.loads(head["settings"]) if "settings" in head else None
+    if base_size is None:
+        return head["fingerprint"], settings, [], []
     merges, removed = [], []
     for k, line in enumerate(rows):
         a, b, c, r = (int(x) for x in line.split())
@@ -158,7 +162,6 @@ def parse(text: str, base_size: int
             raise ValueError(f"merge {k} refers to a token that does not exist yet")
         merges.append(Merge(a, b, base_size + k, c))
         removed.append(r)
-    settings = json.loads(head["settings"]) if "settings" in head else None
     return head["fingerprint"], settings, merges, removed
 
 
@@ -184,8 +187,7 @@ class Checkpointer:
         or only ones too old or too damaged to say)."""
         for _, path in reversed(self._files()):
             try:
-                # (any base size: only the settings are wanted, the merges are not checked)
-                return parse(fsutil.read_text(self.spark, path), 1 << 40)[1]
+                return parse(fsutil.read_text(self.spark, path), None)[1]
             except (ValueError, IndexError):
                 continue
         return None
@@ -204,8 +206,10 @@ class Checkpointer:
         resumes)."""
         for _, path in reversed(self._files()):
             try:
-                fp, settings, merges, removed = parse(
-                    fsutil.read_text(self.spark, path), self.base_size)
+                # the settings first: merges of another base vocabulary (another alphabet)
+                # must be refused as foreign, not taken for a damaged file
+                text = fsutil.read_text(self.spark, path)
+                fp, settings, _, _ = parse(text, None)
             except (ValueError, IndexError) as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
                 continue
@@ -228,6 +232,11 @@ class Checkpointer:
                     "Use another --checkpoint-dir / --output, or start fresh with "
                     "--resume never (resume='never' in pipeline.api; deletes these checkpoints)"
                 )
+            try:
+                _, _, merges, removed = parse(text, self.base_size)
+            except (ValueError, IndexError) as exc:
+                log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
+                continue
             log.info("resuming from checkpoint %s (%d merges)", path, len(merges))
             self.last_written = len(merges)
             return merges, removed

@@ -149,6 +149,19 @@ def test_a_foreign_checkpoint_is_refused_with_the_reason(tmp_path):
         Checkpointer(None, str(tmp_path), fingerprint_of(ours), 256, ours).load()
 
 
+def test_a_checkpoint_of_another_alphabet_is_refused_not_taken_for_a_damaged_file(tmp_path):
+    """Merges over 256 byte tokens read against a 60-character base vocabulary name tokens
+    that do not exist yet: that is another setting (refused, exit 2), not a damaged file to
+    skip (which would train afresh over the run and mix two runs' checkpoints)."""
+    theirs = {"alphabet": "bytes", "base_size": 256, "word_table": {"digest": "abc"}}
+    ours = {**theirs, "alphabet": "chars", "base_size": 60}
+    Checkpointer(None, str(tmp_path), fingerprint_of(theirs), 256, theirs).save(
+        [Merge(200, 201, 256, 9), Merge(256, 97, 257, 5)], [9, 5])
+    with pytest.raises(ConfigError, match=r"alphabet \(checkpoint 'bytes', this run 'chars'\)"):
+        Checkpointer(None, str(tmp_path), fingerprint_of(ours), 60, ours).load()
+    assert checkpoints(tmp_path) == [2]  # nothing deleted
+
+
 # -- real jobs ----------------------------------------------------------------------------------
 
 @pytest.mark.spark
