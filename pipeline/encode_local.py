@@ -46,6 +46,7 @@ from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.count.corpus import (
     SHARED_FS,
+    FilesWithoutColumn,
     ReadSlice,
     UnreadableFile,
     first_line,
@@ -182,6 +183,8 @@ def _list(cfg: Config) -> tuple[list[str] | None, dict[str, pq.FileMetaData], st
         skipped: list[str] = []
         try:
             listed = list_local_corpus(path, cfg.text_column, footers, skipped)
+        except FilesWithoutColumn:
+            raise
         except ConfigError:  # (no readable file: Spark's path says so in the encode's words)
             listed = None
         if listed is None or skipped:

@@ -231,10 +231,11 @@ def remove_temp_files(spark: SparkSession | None, directory: str) -> None:
             delete(spark, join(directory, name))
 
 
-def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
+def data_files_under(spark: SparkSession | None, path: str, relative: bool = False
+                     ) -> list[str] | None:
     """Every file under the directory ``path`` at any depth, skipping names that start with
-    ``_`` or ``.`` at any level (as Spark's readers do), as URIs; None when ``path`` is not a
-    directory."""
+    ``_`` or ``.`` at any level (as Spark's readers do), as URIs (``relative``: as paths below
+    ``path``); None when ``path`` is not a directory."""
     hidden = ("_", ".")
     spark = _session_for(spark, path)
     if is_local(path):
@@ -244,7 +245,9 @@ def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
         found = []
         for top, dirs, files in os.walk(lp):
             dirs[:] = [d for d in dirs if not d.startswith(hidden)]
-            found += ["file://" + os.path.join(top, f) for f in files if not f.startswith(hidden)]
+            found += [os.path.relpath(os.path.join(top, f), lp) if relative
+                      else "file://" + os.path.join(top, f)
+                      for f in files if not f.startswith(hidden)]
         return sorted(found)
     fs, p = _fs(spark, path)
     if not fs.exists(p) or not fs.getFileStatus(p).isDirectory():
@@ -253,8 +256,9 @@ def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
     found, it = [], fs.listFiles(p, True)
     while it.hasNext():
         name = str(it.next().getPath())
-        if not any(part.startswith(hidden) for part in name[len(root):].split("/") if part):
-            found.append(name)
+        below = name[len(root):].lstrip("/")
+        if not any(part.startswith(hidden) for part in below.split("/") if part):
+            found.append(below if relative else name)
     return sorted(found)
 
 

@@ -139,7 +139,9 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     if base.alphabet == "bytes":
         return corpus_bytes, summary["byte_symbols"], corpus_bytes, summary["digest"]
     word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
-    row = words().select(F.sum(word_len * F.col("count")), F.sum(word_len)).first()
+    big = "decimal(38,0)"  # (a long product or sum would wrap, or fail under ANSI mode)
+    row = words().select(F.sum(word_len.cast(big) * F.col("count").cast(big)),
+                         F.sum(word_len.cast(big))).first()
     return int(row[0] or 0), int(row[1] or 0), corpus_bytes, summary["digest"]
 
 
@@ -227,6 +229,11 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
             f"has {base.size} symbols and there are {len(cfg.special_tokens)} special tokens"
         )
     total_tokens, symbols, corpus_bytes, digest = _table_summary(wt, words, base)
+    if max(total_tokens, corpus_bytes) >= 2**63:
+        raise ConfigError(
+            f"the word table {wt.data_path} holds {total_tokens} tokens (each word's count "
+            "times its symbols): pair counts would overflow the 64-bit counters training "
+            "keeps; scale its counts down (or give fewer input weights)")
     settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
     fp = fingerprint_of(settings)
     ckpt = Checkpointer(spark, cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints"),

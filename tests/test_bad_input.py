@@ -780,7 +780,8 @@ def test_any_special_tokens_or_pattern_are_accepted_or_one_config_error_line(
 
 def test_a_text_column_in_no_local_parquet_file_is_an_error_before_any_spark_job(tmp_path):
     """Found from the footers the driver reads anyway (no Spark job, no task): named with the
-    columns there are. In some files only (a schema that grew), Spark's reader decides."""
+    columns there are. In some files only, an error naming one of them (Spark's reader would
+    give their rows as nulls: a shard written with another column name would be lost)."""
     from pipeline.count.corpus import list_local_corpus
 
     lake = tmp_path / "lake"
@@ -791,8 +792,38 @@ def test_a_text_column_in_no_local_parquet_file_is_an_error_before_any_spark_job
             f"config key 'text_column': column 'text' not in {lake} (columns: doc, lang)")):
         list_local_corpus(str(lake), "text", {})
     pq.write_table(pa.table({"text": ["b"]}), lake / "p2.parquet")
-    assert list_local_corpus(str(lake), "text", {}) is None
+    with pytest.raises(ConfigError, match=re.escape(
+            f"column 'text' is missing from 2 of the 3 files of {lake}, e.g. {lake}/p0.parquet "
+            "(columns: doc, lang); their rows would be read as nulls and left out")):
+        list_local_corpus(str(lake), "text", {})
     assert len(list_local_corpus(str(lake / "p2.parquet"), "text", {})) == 1
+
+
+@pytest.mark.spark
+def test_a_shard_without_the_text_column_is_named_by_every_reader(spark, tmp_path):
+    """Next to good shards, one written with another column name: the count (either reader,
+    and with the folder nested so that Spark lists it) and the encode job (either path) stop
+    with one error naming it, where they read its rows as nulls and left them out."""
+    lake = tmp_path / "lake" / "year=2026"
+    lake.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["the cat sat on the mat"] * 20}), lake / "a.parquet")
+    pq.write_table(pa.table({"body": ["words lost if read as nulls"] * 20}), lake / "b.parquet")
+    good = lake / "a.parquet"
+    train(spark, Config(input=str(good), output=str(tmp_path / "tok"), vocab_size=270,
+                        progress_bar=False))
+    missing = r"column 'text' is missing from 1 of the 2 files of .*b\.parquet \(columns: body\)"
+    for source in (lake, tmp_path / "lake"):
+        for reader in ("auto", "spark"):
+            with pytest.raises(ConfigError, match=missing):
+                count_words(spark, Config(input=str(source), output=str(tmp_path / "w"),
+                                          count_reader=reader))
+    from pipeline.encode_corpus import encode_corpus
+
+    for io in ("arrow", "spark"):
+        with pytest.raises(ConfigError, match=missing):
+            encode_corpus(spark, Config(tokenizer=str(tmp_path / "tok"), input=str(lake),
+                                        output=str(tmp_path / "enc"), encode_io=io))
+    assert not (tmp_path / "w").exists() and not (tmp_path / "enc").exists()
 
 
 @pytest.mark.parametrize("kind", ["dictionary", "string_view", "binary_view"])

@@ -382,6 +382,92 @@ def test_an_external_table_past_64_bits_or_unreadable_is_one_config_error(tmp_pa
         canonical(read_tsv(str(tmp_path / "twice.tsv")))
 
 
+@pytest.mark.spark
+def test_a_table_whose_pair_counts_would_pass_64_bits_is_refused(spark, tmp_path):
+    """Each count fits in int64 but count x symbols does not: the pair counts would wrap
+    (the first merge came out wrong and tokens_left negative, exit 0). One ConfigError before
+    training, for both alphabets; a table just under the limit trains."""
+    (tmp_path / "big.tsv").write_text(f"abab\t{2**63 - 1}\nxy\t5\n")
+    for alphabet in ("bytes", "chars"):
+        with pytest.raises(ConfigError, match=r"holds 36893488147419103238 tokens .*pair "
+                                              r"counts would overflow"):
+            train(spark, Config(words=str(tmp_path / "big.tsv"), alphabet=alphabet,
+                                output=str(tmp_path / f"out-{alphabet}"), vocab_size=259,
+                                progress_bar=False))
+    (tmp_path / "fits.tsv").write_text(f"abab\t{2**61}\nxy\t5\n")  # 2**63 + 10 bytes: no
+    with pytest.raises(ConfigError, match="pair counts would overflow"):
+        train(spark, Config(words=str(tmp_path / "fits.tsv"), output=str(tmp_path / "f"),
+                            vocab_size=259, progress_bar=False))
+    (tmp_path / "ok.tsv").write_text(f"abab\t{2**61 - 3}\nxy\t5\n")  # 2**63 - 2 bytes
+    got = train(spark, Config(words=str(tmp_path / "ok.tsv"), output=str(tmp_path / "ok"),
+                              vocab_size=260, progress_bar=False)).merges
+    assert [(m.left, m.right, m.count) for m in got] == [
+        (97, 98, 2 * (2**61 - 3)), (256, 256, 2**61 - 3), (120, 121, 5)]
+
+
+def test_weighted_totals_are_exact_past_64_bits():
+    import numpy as np
+
+    from pipeline.count.word_table import weighted_total
+
+    lengths, counts = np.array([4, 2]), np.array([2**63 - 1, 5])
+    assert weighted_total(lengths, counts) == 4 * (2**63 - 1) + 10
+    assert weighted_total(np.array([3, 1]), np.array([7, 9])) == 30
+
+
+def test_tsv_counts_are_plain_integers_and_a_byte_order_mark_is_not_a_word(tmp_path):
+    """``int()`` took "1_000", " 50 ", "+7" and other scripts' digits as counts; the first
+    word kept a UTF-8 byte-order mark (as Windows tools write it)."""
+    from pipeline.count.external import read_tsv
+
+    for n, bad in enumerate(["1_000", " 50", "50 ", "+7", "\u0663", "0x10", "7\t1_0"]):
+        (tmp_path / f"c{n}.tsv").write_text(f"the\t3\nof\t{bad}\n")
+        with pytest.raises(ConfigError, match=f"c{n}\\.tsv line 2 is not 'word<TAB>count"):
+            read_tsv(str(tmp_path / f"c{n}.tsv"))
+    (tmp_path / "bom.tsv").write_bytes("\ufeffthe\t3\nof\t-2\n".encode())
+    assert read_tsv(str(tmp_path / "bom.tsv")).to_pylist() == [
+        {"word": b"the", "count": 3, "first_seen": 0},
+        {"word": b"of", "count": -2, "first_seen": 1}]
+
+
+@pytest.mark.spark
+def test_an_external_table_is_one_format_and_learns_no_special_token(spark, tmp_path, caplog):
+    """A folder of TSV and Parquet files was read as its TSV only: an error now. Words that
+    hold a special token's text are left out (a count cuts specials out of text; learned,
+    they made an ordinary token spelled as the special one, which the tokenizers export
+    gave another id than tiktoken's), with one warning."""
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.tsv").write_text("the\t3\n")
+    pq.write_table(pa.table({"word": ["of"], "count": [2]}), mixed / "b.parquet")
+    with pytest.raises(ConfigError, match=r"holds both TSV \(a\.tsv\) and Parquet "
+                                          r"\(b\.parquet\) files"):
+        train(spark, Config(words=str(mixed), output=str(tmp_path / "m"), vocab_size=300,
+                            progress_bar=False))
+    (tmp_path / "sp.tsv").write_text("<|endoftext|>\t1000\nx<|endoftext|>y\t7\nhello\t5\n"
+                                     "<|end\t4\n")
+    caplog.set_level(logging.WARNING, logger="pipeline.count.external")
+    run = tmp_path / "run"
+    train(spark, Config(words=str(tmp_path / "sp.tsv"), output=str(run), vocab_size=300,
+                        progress_bar=False))
+    assert "left out 2 rows (1007 occurrences) whose word holds a special token " \
+        "(<|endoftext|>)" in caplog.text
+    words = pq.read_table(run / "words" / "data").column("word").to_pylist()
+    assert sorted(words) == [b"<|end", b"hello"]
+    import json
+
+    vocab = json.loads((run / "tokenizer.json").read_text())["model"]["vocab"]
+    assert "<|endoftext|>" not in vocab  # (only among the added, special tokens)
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from pipeline.encoder import Tokenizer
+
+    hf = HFTokenizer.from_file(str(run / "tokenizer.json"))
+    text = "hello<|endoftext|><|end"
+    assert hf.encode(text).ids == Tokenizer.load(str(run)).encode(text,
+                                                                   allowed_special="all")
+
+
 def test_a_repeated_word_s_sum_is_checked_exactly_against_64_bits():
     """Summed in floats, 2**63 - 2048 + 5 x 511 rounds to under 2**63 and 2**62 + (2**62 - 1)
     rounds to 2**63: the check must say overflow for the first and not for the second."""
@@ -620,6 +706,47 @@ def test_file_names_with_url_characters_are_names(spark, tmp_path, reader, caplo
     assert table.num_rows == sum(map(len, files))
     assert sorted({unquote(f).rsplit("/", 1)[1] for f in table.column("file").to_pylist()}) \
         == names
+
+
+def test_a_word_table_edited_after_it_was_written_is_not_taken_for_the_one_trained(
+        spark, tmp_path, caplog):
+    """--words given one of our tables whose data files were edited (word_table.json left as
+    it was): the digest is computed again from the data, so the rerun trains the edited table
+    (it said "already complete" and kept the old merges); a copy (other file times, same
+    rows) still resumes as the same table."""
+    import numpy as np
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": sample_lines(60)}), corpus)
+    table = tmp_path / "words"
+    count_words(spark, Config(input=str(corpus), output=str(table)))
+    cfg = Config(words=str(table), output=str(tmp_path / "run"), vocab_size=300,
+                 progress_bar=False)
+    first = train(spark, cfg).merges
+    (data_file,) = (table / "data").glob("*.parquet")
+    t = pq.read_table(data_file)
+    counts = t.column("count").to_numpy().copy()
+    top = int(np.argmax(pc.binary_length(t.column("word")).to_numpy()))
+    counts[top] += 10**6  # one long word made very common: other merges win
+    edited = t.set_column(1, "count", pa.array(counts, pa.int64()))
+    pq.write_table(edited, data_file)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        second = train(spark, cfg).merges
+    assert "is already complete" not in caplog.text
+    assert "are not the ones its word_table.json lists" in caplog.text
+    fresh = train(spark, Config(words=str(table), output=str(tmp_path / "fresh"),
+                                vocab_size=300, progress_bar=False)).merges
+    assert second == fresh != first
+    copy = tmp_path / "copy"
+    shutil.copytree(table, copy, copy_function=shutil.copy)  # (new modification times)
+    merges_txt = (tmp_path / "fresh" / "merges.txt").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        train(spark, Config(words=str(copy), output=str(tmp_path / "fresh"), vocab_size=300,
+                            progress_bar=False))
+    assert "is already complete" in caplog.text
+    assert (tmp_path / "fresh" / "merges.txt").read_text() == merges_txt
 
 
 def test_a_dataframe_of_files_is_counted_in_path_order(spark, tmp_path):

@@ -160,7 +160,7 @@ def list_local_corpus(path: str, text_column: str,
         raise ConfigError(f"config key 'input': cannot read {path}: permission denied "
                           f"({exc.strerror or exc})") from None
     read: dict[str, pq.FileMetaData] = {}
-    lacking: list[pa.Schema] = []  # the schemas of the files without the column
+    lacking: list[tuple[str, pa.Schema]] = []  # the files without the column
     for f in candidates:
         try:
             meta = pq.ParquetFile(f).metadata
@@ -176,22 +176,56 @@ def list_local_corpus(path: str, text_column: str,
         if i < 0:  # (in another case Spark's reader may take it: spark.sql.caseSensitive)
             if text_column.lower() in (n.lower() for n in schema.names):
                 return None
-            lacking.append(schema)
+            lacking.append((f, schema))
             continue
         if not is_text_type(schema.field(i).type):
             return None
         read[normalize_path("file://" + f)] = meta
     if lacking and not read:  # in no file: an error now, not after Spark has started
         raise ConfigError(f"config key 'text_column': column {text_column!r} not in {path} "
-                          f"(columns: {', '.join(lacking[0].names)})")
-    if lacking:  # in some files only: Spark's reader decides (a schema that grew)
-        return None
+                          f"(columns: {', '.join(lacking[0][1].names)})")
+    if lacking:  # in some files only: Spark's reader would give their rows as nulls
+        raise files_without_column(text_column, path, lacking, len(candidates))
     if footers is not None:
         footers.update(read)
     if not read:
         raise ConfigError(f"config key 'input': no readable Parquet files under {path} "
                           f"({len(skipped or [])} unreadable ones skipped)")
     return sorted(read)
+
+
+class FilesWithoutColumn(ConfigError):
+    """Some files of a corpus lack its text column (:func:`files_without_column`)."""
+
+
+def files_without_column(text_column: str, path: str, lacking: list[tuple[str, pa.Schema]],
+                         total: int) -> FilesWithoutColumn:
+    """Some files of a corpus lack its text column: Spark would read their rows as nulls and
+    the count would skip them, losing whatever they hold (a shard written with another
+    column name). One error naming them."""
+    f, schema = lacking[0]
+    return FilesWithoutColumn(
+        f"config key 'text_column': column {text_column!r} is missing from {len(lacking)} of "
+        f"the {total} files of {path}, e.g. {f} (columns: {', '.join(schema.names)}); their "
+        "rows would be read as nulls and left out. Move those files out of the input, or give "
+        "the input as a comma-separated list of the files to read")
+
+
+def refuse_local_files_without_column(files: list[str], text_column: str, path: str) -> None:
+    """:func:`files_without_column` for the local Parquet files among ``files`` (listed by
+    Spark); a file that cannot be read is left to the reader that meets it."""
+    lacking = []
+    for f in files:
+        if not fsutil.is_local(f):
+            continue
+        try:
+            schema = pq.read_schema(fsutil.local_path(f))
+        except Exception:  # noqa: BLE001 - pyarrow raises several kinds
+            continue
+        if text_column.lower() not in (n.lower() for n in schema.names):
+            lacking.append((f, schema))
+    if lacking:
+        raise files_without_column(text_column, path, lacking, len(files))
 
 
 def _spark_lists_otherwise(name: str) -> bool:
@@ -480,6 +514,8 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     check_text_column(df, cfg.text_column, name)
     if _lists_files(cfg, frame):
         _refuse_files_left_out(spark, what, name, files)
+    if cfg.input_format == "parquet" and not cfg.input_table:
+        refuse_local_files_without_column(files, cfg.text_column, name)
     if not files:  # no files to order by: Spark's partitions, in order
         if frame is None and cfg.input_table:
             raise ConfigError(f"{what}: table {name!r} has no files (empty, or not a file "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -36,6 +37,7 @@ from pipeline.count.word_table import (
     publish_word_table,
     sum_duplicates,
     table_summary,
+    weighted_total,
     word_table_meta,
     write_table_data,
 )
@@ -43,6 +45,7 @@ from pipeline.count.word_table import (
 log = logging.getLogger(__name__)
 
 TSV_SUFFIXES = (".tsv", ".txt", ".tsv.gz")
+_INTEGER = re.compile(r"-?[0-9]+")
 _UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
 
 
@@ -123,6 +126,8 @@ def read_tsv(path: str, spark=None) -> pa.Table:
             found, n = True, 0
             for n, line in enumerate(lines, 1):
                 line = line.rstrip("\n").rstrip("\r")
+                if n == 1:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark is not a word's
                 if line:
                     _tsv_line(line, f, n, words, counts, firsts)
     except (OSError, EOFError) as exc:  # a truncated .gz, a file that cannot be read
@@ -139,9 +144,9 @@ def _tsv_line(line: str, f: str, n: int, words: list[bytes], counts: list[int],
               firsts: list[int]) -> None:
     """Line ``n`` of TSV file ``f`` appended to the columns, or a ConfigError naming it."""
     parts = line.split("\t")
-    try:
-        if len(parts) not in (2, 3):  # (an empty word is left out by canonical)
-            raise ValueError
+    try:  # (an empty word is left out by canonical)
+        if len(parts) not in (2, 3) or not all(_INTEGER.fullmatch(p) for p in parts[1:]):
+            raise ValueError  # (int() would take "1_000", " 7 ", "+7" and other digits)
         count = int(parts[1])
         first = int(parts[2]) if len(parts) == 3 else len(firsts)
     except ValueError:
@@ -204,9 +209,11 @@ def read_parquet(spark, path: str) -> pa.Table:
     return pa.table({"word": word, **columns})
 
 
-def canonical(table: pa.Table) -> pa.Table:
+def canonical(table: pa.Table, special_tokens: Iterable[str] = ()) -> pa.Table:
     """Duplicates merged (counts summed, earliest position kept), non-positive counts and
-    empty words dropped, first_seen replaced by its dense rank (0, 1, 2, ...)."""
+    empty words dropped, words holding a special token's text dropped (a count cuts those
+    out of text: learned here, they would make an ordinary token spelled as the special one),
+    first_seen replaced by its dense rank (0, 1, 2, ...)."""
     words = table.column("word").combine_chunks()
     counts = table.column("count").to_numpy()
     first = table.column("first_seen").to_numpy()
@@ -214,6 +221,19 @@ def canonical(table: pa.Table) -> pa.Table:
     if not keep.all():
         log.warning("the external word table: left out %d of %d rows (a count below 1, or an "
                     "empty or null word)", len(keep) - int(keep.sum()), len(keep))
+    special = np.zeros(len(keep), dtype=bool)
+    for token in special_tokens:
+        special |= pc.fill_null(pc.match_substring(words, token), False).to_numpy(
+            zero_copy_only=False)
+    special &= keep
+    if special.any():
+        held = words.filter(pa.array(special))
+        log.warning("the external word table: left out %d rows (%d occurrences) whose word "
+                    "holds a special token (%s): special tokens are not learned from words",
+                    int(special.sum()), weighted_total(np.ones(len(held)), counts[special]),
+                    ", ".join(t for t in special_tokens
+                              if pc.any(pc.match_substring(held, t)).as_py()))
+        keep &= ~special
     words = words.filter(pa.array(keep))
     counts, first = counts[keep], first[keep]
     try:
@@ -245,18 +265,24 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
         raise ConfigError(f"config key 'words': {source} is a run directory; its word table is "
                           f"{fsutil.join(source, 'words')}")
     check_replaceable(spark, dest)
-    is_tsv = source.endswith(TSV_SUFFIXES) or any(f.endswith(TSV_SUFFIXES)
-                                                  for f in names or ())
-    table = canonical(read_tsv(source, spark) if is_tsv else read_parquet(spark, source))
+    tsv = [f for f in names or () if f.endswith(TSV_SUFFIXES) and not f.startswith(("_", "."))]
+    parquet = [f for f in names or () if f.endswith(".parquet") and not f.startswith(("_", "."))]
+    if tsv and parquet:
+        raise ConfigError(f"config key 'words': {source} holds both TSV ({tsv[0]}) and Parquet "
+                          f"({parquet[0]}) files: a word table is one or the other; move one "
+                          "kind elsewhere")
+    is_tsv = source.endswith(TSV_SUFFIXES) or bool(tsv)
+    table = canonical(read_tsv(source, spark) if is_tsv else read_parquet(spark, source),
+                      cfg.special_tokens)
     if table.num_rows == 0:
         raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
     if before_replacing is not None and fsutil.is_object_store(dest):
         before_replacing(None)
     tmp = fsutil.staging_dir(spark, dest, "word_table.json")
     write_table_data(spark, table, fsutil.join(tmp, "data"))
-    words = int(pc.sum(table.column("count")).as_py())
-    nbytes = int(np.dot(pc.binary_length(table.column("word")).to_numpy(),
-                        table.column("count").to_numpy()))
+    counts = table.column("count").to_numpy()
+    words = weighted_total(np.ones(len(counts), dtype=np.int64), counts)
+    nbytes = weighted_total(pc.binary_length(table.column("word")).to_numpy(), counts)
     stats = {"rows": table.num_rows, "words": words, "bytes": nbytes,
              "unique_words": table.num_rows}
     meta = word_table_meta(cfg.pretokenizer_spec(), cfg.text_column, 0, stats,

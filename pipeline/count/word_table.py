@@ -4,6 +4,7 @@ metadata, content digest, and how it is written, opened and read back on the dri
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +20,8 @@ from pyspark.sql import types as T
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.pretokenize import PretokenizerSpec
+
+log = logging.getLogger(__name__)
 
 WORD_TABLE_VERSION = 2  # v2: max_word_bytes, input_fingerprint (v1 is read as "no cap")
 READABLE_VERSIONS = (1, 2)
@@ -71,13 +74,21 @@ def table_digest(table: pa.Table) -> str:
     return format_digest(*_parts(table, False))
 
 
+def weighted_total(lengths: np.ndarray, counts: np.ndarray) -> int:
+    """``sum(lengths * counts)`` exactly (a Python int: never wrapped at 2**63 as an int64
+    dot product would be). Non-negative inputs."""
+    if float(np.dot(lengths.astype(np.float64), counts.astype(np.float64))) < 2.0**62:
+        return int(np.dot(lengths.astype(np.int64), counts.astype(np.int64)))  # cannot wrap
+    return sum(int(a) * int(b) for a, b in zip(lengths.tolist(), counts.tolist()))
+
+
 def table_summary(table: pa.Table) -> dict:
     """What training needs to know of a table before reading it, kept in ``word_table.json``:
     its digest, and its tokens and distinct-word symbols in the bytes alphabet (sums of byte
     lengths, weighted by count and not)."""
     lengths = pc.binary_length(table.column("word")).to_numpy().astype(np.int64)
     return {"digest": table_digest(table),
-            "byte_tokens": int(np.dot(lengths, table.column("count").to_numpy())),
+            "byte_tokens": weighted_total(lengths, table.column("count").to_numpy()),
             "byte_symbols": int(lengths.sum())}
 
 
@@ -128,17 +139,17 @@ def _spark_parts(df: DataFrame, legacy: bool) -> tuple[int, int, int, int]:
             s, n = _parts(b, legacy)
             lengths = pc.binary_length(b.column("word")).to_numpy().astype(np.int64)
             total, rows = _combine(total, s, legacy), rows + n
-            tokens += int(np.dot(lengths, b.column("count").to_numpy()))
+            tokens += weighted_total(lengths, b.column("count").to_numpy())
             symbols += int(lengths.sum())
         yield pa.RecordBatch.from_pydict({"h": [str(total)], "rows": [rows],
-                                          "tokens": [tokens], "symbols": [symbols]})
+                                          "tokens": [str(tokens)], "symbols": [symbols]})
 
     got = df.select(*WORD_TABLE_COLUMNS).mapInArrow(
-        partials, "h string, rows long, tokens long, symbols long").collect()
+        partials, "h string, rows long, tokens string, symbols long").collect()
     total = 0
     for r in got:
         total = _combine(total, int(r["h"]), legacy)
-    return (total, sum(r["rows"] for r in got), sum(r["tokens"] for r in got),
+    return (total, sum(r["rows"] for r in got), sum(int(r["tokens"]) for r in got),
             sum(r["symbols"] for r in got))
 
 
@@ -252,7 +263,43 @@ def open_word_table(spark: SparkSession, path: str) -> WordTable:
     meta.setdefault("max_word_bytes", 0)  # v1 tables were counted without a cap
     wt = WordTable(path, meta)
     check_data_files(wt)
+    _distrust_if_edited(spark, wt)
     return wt
+
+
+def data_listing(spark: SparkSession | None, data: str, times: bool = True
+                 ) -> dict[str, list[int]]:
+    """Each data file under ``data`` (by its path below it): [size, modification time], or
+    [size] where the time is not kept (an object store's rename is a copy)."""
+    listing = {}
+    for rel in fsutil.data_files_under(spark, data, relative=True) or []:
+        size, mtime = fsutil.file_status(spark, fsutil.join(data, rel))
+        listing[rel] = [size, mtime] if times else [size]
+    return listing
+
+
+# what word_table.json holds that was computed from the data files
+_DATA_SUMMARY = ("digest", "byte_tokens", "byte_symbols")
+
+
+def _distrust_if_edited(spark: SparkSession | None, wt: WordTable) -> None:
+    """A table whose data files are not the ones ``word_table.json`` lists (edited, added,
+    removed, rewritten in place, or copied without their times) is trusted for its settings
+    only: the digest and sums recorded from the data are dropped, so that training computes
+    them again from the data (a changed table must not pass for the one its checkpoints or
+    finished run were made from)."""
+    recorded = wt.meta.get("data_files")
+    if recorded is None:
+        return  # (written by an older spark-bpe: nothing to compare)
+    now = data_listing(spark, wt.data_path)
+    same = set(now) == set(recorded) and all(
+        now[k][:len(v)] == v for k, v in recorded.items())
+    if not same:
+        log.warning("the data files of the word table at %s are not the ones its "
+                    "word_table.json lists (edited, rewritten or copied since): its content "
+                    "digest is computed again from the data", wt.path)
+        for key in _DATA_SUMMARY:
+            wt.meta.pop(key, None)
 
 
 class DamagedWordTable(ConfigError):
@@ -411,6 +458,8 @@ def publish_word_table(spark: SparkSession, tmp: str, dest: str, meta: dict, sta
     (the output's lease) may refuse first: then ``tmp`` is removed and nothing published."""
     if check is not None:
         fsutil.check_before_publish(spark, check, tmp, dest)
+    meta = {**meta, "data_files": data_listing(spark, fsutil.join(tmp, "data"),
+                                               times=not fsutil.is_object_store(dest))}
     fsutil.write_text(spark, fsutil.join(tmp, "stats.json"), json.dumps(stats, indent=2))
     fsutil.write_text(spark, fsutil.join(tmp, "word_table.json"), json.dumps(meta, indent=2))
     if config_json is not None:
