@@ -34,7 +34,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline import fsutil
-from pipeline.config import COUNT, ENCODE, TRAIN, Config, ConfigError, _apply, job_keys, validate
+from pipeline.config import (
+    CORPUS_KEYS,
+    COUNT,
+    ENCODE,
+    TRAIN,
+    Config,
+    ConfigError,
+    _apply,
+    job_keys,
+    validate,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -94,6 +104,10 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     cfg = Config()
     frame = None
     if corpus is not None:
+        given = sorted(k for k in (o.replace("-", "_") for o in options) if k in CORPUS_KEYS)
+        if given:  # (the keyword would win over the positional corpus, unsaid)
+            raise ConfigError(f"config key {given[0]!r}: the corpus is given twice, as the "
+                              f"first argument and as {given[0]}=; give it once")
         if isinstance(corpus, str):
             options = {"input": corpus, **options}
         elif isinstance(corpus, (list, tuple)) and all(isinstance(c, str) for c in corpus):

@@ -276,14 +276,18 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
         if kind == "bool":
             if isinstance(value, bool):
                 return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
+            if not isinstance(value, str):  # (a TOML or API 1 is not a yes)
+                raise ValueError(value)
+            if value.lower() in ("1", "true", "yes", "on"):
                 return True
-            if str(value).lower() in ("0", "false", "no", "off"):
+            if value.lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError(value)
         if kind == "int":
             return _int(value)
         if kind == "float":
+            if isinstance(value, bool):  # (float(True) is 1.0)
+                raise ValueError(value)
             return float(value)
         if kind == "list[int]":
             items = value.split(",") if isinstance(value, str) else value
@@ -329,7 +333,7 @@ def _apply_layer(values: dict[str, Any], cfg: Config, source: str) -> None:
     """Apply one layer (a --config file, then the flags) over the ones before it. Naming one of
     a set of exclusive keys replaces what the earlier layers said about the others:
     ``num_merges`` drops an earlier ``vocab_size`` (and the reverse), and a corpus (``input``,
-    ``input_table`` or ``words``) drops an earlier other corpus."""
+    ``input_table`` or ``words``) drops an earlier other corpus and its ``input_weights``."""
     names = {k.replace("-", "_") for k in values}
     if "num_merges" in names and "vocab_size" not in names:
         cfg.vocab_size = 0
@@ -339,6 +343,8 @@ def _apply_layer(values: dict[str, Any], cfg: Config, source: str) -> None:
         for key in CORPUS_KEYS:
             if key not in names:
                 setattr(cfg, key, "")
+        if "input_weights" not in names:  # (the weights of the corpus replaced)
+            cfg.input_weights = []
     _apply(values, cfg, source)
 
 
@@ -630,6 +636,13 @@ def _check_checkpoint_dir(cfg: Config) -> None:
     recount replaces the table's directory, and the checkpoints' lease with it)."""
     path = cfg.checkpoint_dir
     _not_where_read("checkpoint_dir", path, cfg, TRAIN)
+    _need(same_or_inside(path, cfg.output) != "",
+          f"config key 'checkpoint_dir': {path} is the run directory itself, which holds the "
+          "run's files only; leave checkpoint_dir unset (checkpoints go to OUTPUT/checkpoints) "
+          "or choose another directory")
+    if is_local(path):
+        _need(not os.path.isfile(local_path(path)),
+              f"config key 'checkpoint_dir': {path} is a file, not a directory")
     for table in [cfg.words] * bool(cfg.words) + [join(cfg.output, "words")]:
         _need(same_or_inside(path, table) is None,  # (an external --words is copied there)
               f"config key 'checkpoint_dir': {path} is inside the word table {table}, which "

@@ -336,7 +336,12 @@ class IncompleteRun(ValueError):
 
 
 def _sha256_text(spark, path: str) -> str:
-    return hashlib.sha256(fsutil.read_text(spark, path).encode("utf-8")).hexdigest()
+    """The SHA-256 of a text file as read back (a file that is not UTF-8 any more, damaged
+    since it was written, gets a value no written file has: it is "changed")."""
+    try:
+        return hashlib.sha256(fsutil.read_text(spark, path).encode("utf-8")).hexdigest()
+    except UnicodeDecodeError:
+        return "not UTF-8"
 
 
 def write_run_json(run_dir: str, summary: dict, spark=None) -> None:
@@ -355,6 +360,9 @@ def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
     path = fsutil.join(run_dir, RUN_FILE)
     try:
         run = json.loads(fsutil.read_text(spark, path))
+    except (NotADirectoryError, IsADirectoryError):
+        raise IncompleteRun(f"{run_dir} is a file: give the run directory (the folder "
+                            f"holding {RUN_FILE})") from None
     except FileNotFoundError:
         if not fsutil.exists(spark, run_dir):
             raise IncompleteRun(f"no run directory at {run_dir}") from None
@@ -369,6 +377,9 @@ def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
         raise IncompleteRun(f"{path} is not a spark-bpe run.json (format "
                             f"{run.get('format') if isinstance(run, dict) else None!r})")
     recorded = run.get("files") or {}
+    if not isinstance(recorded, dict):
+        raise IncompleteRun(f"{path} is corrupt (its 'files' is not a mapping): rerun the "
+                            "run's jobs/train.py command to write it again")
     for name in files:
         want = recorded.get(name)
         if want is not None and not fsutil.exists(spark, fsutil.join(run_dir, name)):

@@ -250,6 +250,18 @@ def test_each_config_file_and_the_flags_replace_exclusive_keys_of_the_layers_bef
     assert (c.input_table, c.words) == ("", "conf")
     c = validate(cfg("--config", str(cluster), "--input-table", "db.docs"), "train")
     assert (c.input, c.input_table) == ("", "db.docs")
+    # a weighted mix replaced by another corpus takes its weights with it (it was an error)
+    mix = tmp_path / "mix.toml"
+    mix.write_text('input = "a,b"\ninput_weights = [3, 1]\noutput = "o"\nvocab_size = 300\n')
+    for d in "cd":
+        (tmp_path / d).mkdir()
+    c_d = f"{tmp_path / 'c'},{tmp_path / 'd'}"
+    for corpus in (["--words", "conf"], ["--input", str(tmp_path / "c")],
+                   ["--input-table", "db.docs"], ["--input", c_d]):
+        c = validate(cfg("--config", str(mix), *corpus), "train")
+        assert c.input_weights == [], corpus
+    assert validate(cfg("--config", str(mix), "--input", c_d, "--input-weights", "1,5"),
+                    "train").input_weights == [1, 5]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -257,6 +269,9 @@ def test_each_config_file_and_the_flags_replace_exclusive_keys_of_the_layers_bef
     ("max_batch = 2.5\n", "config key 'max_batch': expected int"),
     ("input_weights = [1.7]\n", "config key 'input_weights': expected list[int]"),
     ("input_weights = [true]\n", "config key 'input_weights': expected list[int]"),
+    ("checkpoint_every_seconds = true\n", "config key 'checkpoint_every_seconds': expected "
+                                          "float, got True"),
+    ("lowercase = 1\n", "config key 'lowercase': expected bool, got 1"),
 ])
 def test_a_float_or_boolean_for_an_integer_key_is_refused_not_truncated(tmp_path, text, message):
     f = tmp_path / "c.toml"
@@ -525,6 +540,13 @@ def test_checkpoints_go_outside_what_the_run_reads_and_its_word_table(tmp_path):
         ck = [] if flag == "--checkpoint-dir" else ["--checkpoint-dir", str(tmp_path / "ck")]
         with pytest.raises(ConfigError, match=f"config key '{why}"):
             validate(cfg(*base, *ck, flag, path), "train")
+    # the run directory itself (every rerun then refused the directory as not a run's),
+    # and a file (found only when the first checkpoint was written, with a traceback)
+    (tmp_path / "ck-file").write_text("x")
+    for path, why in ((run, "is the run directory itself"), (f"{run}/", "is the run "
+                      "directory itself"), (tmp_path / "ck-file", "is a file, not a directory")):
+        with pytest.raises(ConfigError, match=f"config key 'checkpoint_dir': .*{why}"):
+            validate(cfg(*base, "--checkpoint-dir", str(path)), "train")
     words = tmp_path / "words"
     words.mkdir()
     with pytest.raises(ConfigError, match="checkpoint_dir.: .* is inside --words"):
@@ -553,3 +575,13 @@ def test_checkpoints_and_progress_may_go_where_the_readers_do_not_look(tmp_path)
                                           f"{run}/words"):
         validate(cfg("--words", str(tmp_path / "w.tsv"), "--output", str(run), "--vocab-size",
                      "300", "--checkpoint-dir", str(run / "words" / "ck")), "train")
+
+
+def test_the_api_takes_the_corpus_once():
+    """A positional corpus and input= (or words=, input_table=): the keyword won, unsaid."""
+    from pipeline import api
+
+    for key in ("input", "words", "input_table"):
+        with pytest.raises(ConfigError, match=f"config key '{key}': the corpus is given twice"):
+            api._config("train", "/data/a", {"output": "/tmp/o", "vocab_size": 300,
+                                             key: "/data/b"})

@@ -521,3 +521,35 @@ def test_a_run_is_not_written_into_a_directory_of_other_files(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a directory"):
         check_run_place(None, str(tmp_path / "afile"))
+
+
+def test_a_run_file_damaged_past_utf8_or_a_file_for_the_run_is_one_clear_error(tmp_path):
+    """A byte flipped into a run file (no longer UTF-8) was a bare UnicodeDecodeError with no
+    file name (a traceback from encode, and a rerun did not write the outputs again); a file
+    given for the run directory was a NotADirectoryError; a run.json whose files are not a
+    mapping an AttributeError."""
+    from pipeline.encoder import EncodeError, Tokenizer
+    from pipeline.outputs import IncompleteRun, check_run, write_run_json
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "merges.txt").write_text("#version: 0.2\n")
+    (run / "tokenizer_meta.json").write_text("{}")
+    write_run_json(str(run), {"merges": 0})
+    assert set(check_run(str(run), ["merges.txt"])["files"]) == {"merges.txt",
+                                                                 "tokenizer_meta.json"}
+    with open(run / "tokenizer_meta.json", "r+b") as fh:
+        fh.write(b"\xff")
+    with pytest.raises(IncompleteRun, match="tokenizer_meta.json is not the file its run "
+                                            "finished with"):
+        check_run(str(run), ["tokenizer_meta.json"])
+    with pytest.raises(EncodeError, match="tokenizer_meta.json is not the file its run"):
+        Tokenizer.load(str(run))
+    with pytest.raises(IncompleteRun, match=r"merges\.txt is a file: give the run directory"):
+        check_run(str(run / "merges.txt"))
+    with pytest.raises(EncodeError, match=r"merges\.txt is a file: give the run directory"):
+        Tokenizer.load(str(run / "merges.txt"))
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "files": ["merges.txt"]}))
+    with pytest.raises(IncompleteRun, match="run.json is corrupt"):
+        check_run(str(run), ["merges.txt"])
