@@ -104,7 +104,8 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     cfg = Config()
     frame = None
     if corpus is not None:
-        given = sorted(k for k in (o.replace("-", "_") for o in options) if k in CORPUS_KEYS)
+        given = sorted(k for k in (o.replace("-", "_") for o in options)
+                       if k in CORPUS_KEYS and k in job_keys(job))  # (others: not its keys)
         if given:  # (the keyword would win over the positional corpus, unsaid)
             raise ConfigError(f"config key {given[0]!r}: the corpus is given twice, as the "
                               f"first argument and as {given[0]}=; give it once")

@@ -276,6 +276,8 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
         if kind == "bool":
             if isinstance(value, bool):
                 return value
+            if getattr(getattr(value, "dtype", None), "kind", "") == "b":  # numpy's bool_
+                return bool(value)
             if not isinstance(value, str):  # (a TOML or API 1 is not a yes)
                 raise ValueError(value)
             if value.lower() in ("1", "true", "yes", "on"):
@@ -329,11 +331,15 @@ def _apply(values: dict[str, Any], cfg: Config, source: str) -> None:
         setattr(cfg, name, value)
 
 
-def _apply_layer(values: dict[str, Any], cfg: Config, source: str) -> None:
+def _apply_layer(values: dict[str, Any], cfg: Config, source: str,
+                 tied: dict[str, bool] | None = None) -> None:
     """Apply one layer (a --config file, then the flags) over the ones before it. Naming one of
     a set of exclusive keys replaces what the earlier layers said about the others:
     ``num_merges`` drops an earlier ``vocab_size`` (and the reverse), and a corpus (``input``,
-    ``input_table`` or ``words``) drops an earlier other corpus and its ``input_weights``."""
+    ``input_table`` or ``words``) drops an earlier other corpus, and the ``input_weights``
+    given with it (in the same layer; weights given alone apply to the corpus named later).
+    ``tied``: carried from layer to layer, whether the weights came with a corpus."""
+    tied = {} if tied is None else tied
     names = {k.replace("-", "_") for k in values}
     if "num_merges" in names and "vocab_size" not in names:
         cfg.vocab_size = 0
@@ -343,8 +349,10 @@ def _apply_layer(values: dict[str, Any], cfg: Config, source: str) -> None:
         for key in CORPUS_KEYS:
             if key not in names:
                 setattr(cfg, key, "")
-        if "input_weights" not in names:  # (the weights of the corpus replaced)
+        if "input_weights" not in names and tied.get("weights"):  # the replaced corpus's
             cfg.input_weights = []
+    if "input_weights" in names:
+        tied["weights"] = bool(names & set(CORPUS_KEYS))
     _apply(values, cfg, source)
 
 
@@ -422,9 +430,10 @@ def resolve_with_notes(argv: list[str] | None = None, description: str = "", job
     explicit = set(cli).union(*({k.replace("-", "_") for k in values} for _, values in files))
     own_corpus = bool(explicit & set(CORPUS_KEYS))
     cfg = job_defaults(job, own_corpus)
+    tied: dict[str, bool] = {}
     for path, values in files:
-        _apply_layer(values, cfg, path)
-    _apply_layer(cli, cfg, "command line")
+        _apply_layer(values, cfg, path, tied)
+    _apply_layer(cli, cfg, "command line", tied)
     if own_corpus and "output" not in explicit:
         flags = [f"--{k.replace('_', '-')}" for k in CORPUS_KEYS if k in job_keys(job)]
         given = " or ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
@@ -636,13 +645,21 @@ def _check_checkpoint_dir(cfg: Config) -> None:
     recount replaces the table's directory, and the checkpoints' lease with it)."""
     path = cfg.checkpoint_dir
     _not_where_read("checkpoint_dir", path, cfg, TRAIN)
-    _need(same_or_inside(path, cfg.output) != "",
+    same = (path.rstrip("/") == cfg.output.rstrip("/") if has_glob(path, PYTHON_GLOB)
+            else same_or_inside(path, cfg.output) == "")  # (_comparable cuts at a glob)
+    _need(not same,
           f"config key 'checkpoint_dir': {path} is the run directory itself, which holds the "
           "run's files only; leave checkpoint_dir unset (checkpoints go to OUTPUT/checkpoints) "
           "or choose another directory")
     if is_local(path):
-        _need(not os.path.isfile(local_path(path)),
+        local = os.path.abspath(local_path(path))
+        _need(not os.path.isfile(local),
               f"config key 'checkpoint_dir': {path} is a file, not a directory")
+        above = os.path.dirname(local)
+        while above != os.path.dirname(above) and not os.path.exists(above):
+            above = os.path.dirname(above)
+        _need(not os.path.isfile(above),
+              f"config key 'checkpoint_dir': {path} is under {above}, which is a file")
     for table in [cfg.words] * bool(cfg.words) + [join(cfg.output, "words")]:
         _need(same_or_inside(path, table) is None,  # (an external --words is copied there)
               f"config key 'checkpoint_dir': {path} is inside the word table {table}, which "

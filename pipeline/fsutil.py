@@ -231,11 +231,26 @@ def remove_temp_files(spark: SparkSession | None, directory: str) -> None:
             delete(spark, join(directory, name))
 
 
-def data_files_under(spark: SparkSession | None, path: str, relative: bool = False
-                     ) -> list[str] | None:
+def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
     """Every file under the directory ``path`` at any depth, skipping names that start with
-    ``_`` or ``.`` at any level (as Spark's readers do), as URIs (``relative``: as paths below
-    ``path``); None when ``path`` is not a directory."""
+    ``_`` or ``.`` at any level (as Spark's readers do), as URIs; None when ``path`` is not a
+    directory."""
+    found = _walk_data_files(spark, path, stat=False)
+    return None if found is None else sorted(uri for uri, _, _ in found)
+
+
+def data_file_statuses(spark: SparkSession | None, path: str
+                       ) -> dict[str, tuple[int, int]] | None:
+    """:func:`data_files_under` as {path below ``path``: (size, modification time)}, from
+    the one listing (no request per file); None when ``path`` is not a directory."""
+    found = _walk_data_files(spark, path)
+    return None if found is None else {below: status for _, below, status in found}
+
+
+def _walk_data_files(spark: SparkSession | None, path: str, stat: bool = True
+                     ) -> list[tuple[str, str, tuple[int, int]]] | None:
+    """(URI, path below ``path``, (size, modification time)) of each data file (local files
+    are not stat'ed unless ``stat``: (0, 0))."""
     hidden = ("_", ".")
     spark = _session_for(spark, path)
     if is_local(path):
@@ -245,21 +260,26 @@ def data_files_under(spark: SparkSession | None, path: str, relative: bool = Fal
         found = []
         for top, dirs, files in os.walk(lp):
             dirs[:] = [d for d in dirs if not d.startswith(hidden)]
-            found += [os.path.relpath(os.path.join(top, f), lp) if relative
-                      else "file://" + os.path.join(top, f)
-                      for f in files if not f.startswith(hidden)]
-        return sorted(found)
+            for f in files:
+                if not f.startswith(hidden):
+                    full = os.path.join(top, f)
+                    st = os.stat(full) if stat else None
+                    found.append(("file://" + full, os.path.relpath(full, lp),
+                                  (st.st_size, st.st_mtime_ns) if st else (0, 0)))
+        return found
     fs, p = _fs(spark, path)
     if not fs.exists(p) or not fs.getFileStatus(p).isDirectory():
         return None
     root = str(fs.getFileStatus(p).getPath()).rstrip("/")
     found, it = [], fs.listFiles(p, True)
     while it.hasNext():
-        name = str(it.next().getPath())
+        status = it.next()
+        name = str(status.getPath())
         below = name[len(root):].lstrip("/")
         if not any(part.startswith(hidden) for part in below.split("/") if part):
-            found.append(below if relative else name)
-    return sorted(found)
+            found.append((name, below, (int(status.getLen()),
+                                        int(status.getModificationTime()))))
+    return found
 
 
 def read_text(spark: SparkSession | None, path: str) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -360,9 +361,15 @@ def check_run(run_dir: str, files: Sequence[str] = (), spark=None) -> dict:
     path = fsutil.join(run_dir, RUN_FILE)
     try:
         run = json.loads(fsutil.read_text(spark, path))
-    except (NotADirectoryError, IsADirectoryError):
-        raise IncompleteRun(f"{run_dir} is a file: give the run directory (the folder "
-                            f"holding {RUN_FILE})") from None
+    except IsADirectoryError:
+        raise IncompleteRun(f"{path} is a directory: {run_dir} is not a run directory") \
+            from None
+    except NotADirectoryError:  # (a file on the way: the path given, or one above it)
+        if fsutil.is_local(run_dir) and os.path.isfile(fsutil.local_path(run_dir)):
+            raise IncompleteRun(f"{run_dir} is a file: give the run directory (the folder "
+                                f"holding {RUN_FILE})") from None
+        raise IncompleteRun(f"no run directory at {run_dir} (a file is on its path)") \
+            from None
     except FileNotFoundError:
         if not fsutil.exists(spark, run_dir):
             raise IncompleteRun(f"no run directory at {run_dir}") from None

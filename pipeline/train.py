@@ -231,9 +231,10 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
     total_tokens, symbols, corpus_bytes, digest = _table_summary(wt, words, base)
     if max(total_tokens, corpus_bytes) >= 2**63:
         raise ConfigError(
-            f"the word table {wt.data_path} holds {total_tokens} tokens (each word's count "
-            "times its symbols): pair counts would overflow the 64-bit counters training "
-            "keeps; scale its counts down (or give fewer input weights)")
+            f"the word table {wt.data_path} holds {max(total_tokens, corpus_bytes)} "
+            f"{'tokens' if total_tokens >= corpus_bytes else 'bytes'} (each word's count times "
+            "its length): pair counts would overflow the 64-bit counters training keeps; "
+            "scale its counts down (or give smaller input weights)")
     settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
     fp = fingerprint_of(settings)
     ckpt = Checkpointer(spark, cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints"),

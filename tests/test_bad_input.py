@@ -797,6 +797,13 @@ def test_a_text_column_in_no_local_parquet_file_is_an_error_before_any_spark_job
             "(columns: doc, lang); their rows would be read as nulls and left out")):
         list_local_corpus(str(lake), "text", {})
     assert len(list_local_corpus(str(lake / "p2.parquet"), "text", {})) == 1
+    for i in range(2):  # empty placeholders of another schema lose nothing: left out
+        pq.write_table(pa.table({"id": pa.array([], pa.int64())}), lake / f"p{i}.parquet")
+    assert [f.rsplit("/", 1)[1] for f in list_local_corpus(str(lake), "text", {})] == \
+        ["p2.parquet"]
+    (lake / "p2.parquet").unlink()
+    with pytest.raises(ConfigError, match="column 'text' not in .* \\(columns: id\\)"):
+        list_local_corpus(str(lake), "text", {})
 
 
 @pytest.mark.spark

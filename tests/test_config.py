@@ -262,6 +262,16 @@ def test_each_config_file_and_the_flags_replace_exclusive_keys_of_the_layers_bef
         assert c.input_weights == [], corpus
     assert validate(cfg("--config", str(mix), "--input", c_d, "--input-weights", "1,5"),
                     "train").input_weights == [1, 5]
+    # weights given without a corpus apply to the one named later (file or flags)
+    weights = tmp_path / "w.toml"
+    weights.write_text("input_weights = [3, 1]\n")
+    c = validate(cfg("--config", str(weights), "--input", c_d, "--output", "o",
+                     "--vocab-size", "300"), "train")
+    assert c.input_weights == [3, 1]
+    paths = tmp_path / "paths.toml"
+    paths.write_text(f'input = "{c_d}"\noutput = "o"\nvocab_size = 300\n')
+    assert validate(cfg("--config", str(weights), "--config", str(paths)),
+                    "train").input_weights == [3, 1]
 
 
 @pytest.mark.parametrize("text,message", [
@@ -544,9 +554,12 @@ def test_checkpoints_go_outside_what_the_run_reads_and_its_word_table(tmp_path):
     # and a file (found only when the first checkpoint was written, with a traceback)
     (tmp_path / "ck-file").write_text("x")
     for path, why in ((run, "is the run directory itself"), (f"{run}/", "is the run "
-                      "directory itself"), (tmp_path / "ck-file", "is a file, not a directory")):
+                      "directory itself"), (tmp_path / "ck-file", "is a file, not a directory"),
+                      (tmp_path / "ck-file" / "a" / "b", "is under .*ck-file, which is a file")):
         with pytest.raises(ConfigError, match=f"config key 'checkpoint_dir': .*{why}"):
             validate(cfg(*base, "--checkpoint-dir", str(path)), "train")
+    for name in ("ck[1]", "ck*"):  # (a glob character is part of a directory's name here)
+        assert validate(cfg(*base, "--checkpoint-dir", str(run / name)), "train")
     words = tmp_path / "words"
     words.mkdir()
     with pytest.raises(ConfigError, match="checkpoint_dir.: .* is inside --words"):
@@ -585,3 +598,14 @@ def test_the_api_takes_the_corpus_once():
         with pytest.raises(ConfigError, match=f"config key '{key}': the corpus is given twice"):
             api._config("train", "/data/a", {"output": "/tmp/o", "vocab_size": 300,
                                              key: "/data/b"})
+    with pytest.raises(ConfigError, match="'words' is not a setting of encode"):
+        api._config("encode", "/data/a", {"output": "/tmp/o", "words": "/data/b"})
+
+
+def test_numpy_booleans_are_booleans():
+    import numpy as np
+
+    from pipeline.config import _coerce
+
+    assert _coerce("lowercase", "bool", np.True_) is True
+    assert _coerce("lowercase", "bool", np.bool_(False)) is False

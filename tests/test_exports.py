@@ -549,6 +549,13 @@ def test_a_run_file_damaged_past_utf8_or_a_file_for_the_run_is_one_clear_error(t
         check_run(str(run / "merges.txt"))
     with pytest.raises(EncodeError, match=r"merges\.txt is a file: give the run directory"):
         Tokenizer.load(str(run / "merges.txt"))
+    with pytest.raises(IncompleteRun, match=r"no run directory at .*merges\.txt/x \(a file is "
+                                            r"on its path\)"):
+        check_run(str(run / "merges.txt" / "x"))
+    (tmp_path / "odd" / "run.json").mkdir(parents=True)
+    with pytest.raises(IncompleteRun, match=r"odd/run\.json is a directory: .*odd is not a run "
+                                            r"directory"):
+        check_run(str(tmp_path / "odd"))
     meta = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**meta, "files": ["merges.txt"]}))
     with pytest.raises(IncompleteRun, match="run.json is corrupt"):

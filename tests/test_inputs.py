@@ -413,6 +413,20 @@ def test_weighted_totals_are_exact_past_64_bits():
     lengths, counts = np.array([4, 2]), np.array([2**63 - 1, 5])
     assert weighted_total(lengths, counts) == 4 * (2**63 - 1) + 10
     assert weighted_total(np.array([3, 1]), np.array([7, 9])) == 30
+    # in chunks (here of 3 rows): some summed as int64, some in Python integers
+    from pipeline.count import word_table
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 30, 20)
+    counts = rng.integers(1, 1000, 20)
+    counts[[4, 11]] = [2**62, 2**63 - 1]
+    exact = sum(int(a) * int(b) for a, b in zip(lengths.tolist(), counts.tolist()))
+    for chunk in (3, 1 << 20):
+        word_table._EXACT_CHUNK = chunk
+        try:
+            assert weighted_total(lengths, counts) == exact
+        finally:
+            word_table._EXACT_CHUNK = 1 << 20
 
 
 def test_tsv_counts_are_plain_integers_and_a_byte_order_mark_is_not_a_word(tmp_path):

@@ -161,6 +161,7 @@ def list_local_corpus(path: str, text_column: str,
                           f"({exc.strerror or exc})") from None
     read: dict[str, pq.FileMetaData] = {}
     lacking: list[tuple[str, pa.Schema]] = []  # the files without the column
+    lacking_rows: list[tuple[str, pa.Schema]] | None = []  # ... that have no rows either
     for f in candidates:
         try:
             meta = pq.ParquetFile(f).metadata
@@ -176,11 +177,15 @@ def list_local_corpus(path: str, text_column: str,
         if i < 0:  # (in another case Spark's reader may take it: spark.sql.caseSensitive)
             if text_column.lower() in (n.lower() for n in schema.names):
                 return None
+            if meta.num_rows == 0 and lacking_rows is not None:
+                lacking_rows.append((f, schema))  # (an empty placeholder: nothing to lose)
+                continue
             lacking.append((f, schema))
             continue
         if not is_text_type(schema.field(i).type):
             return None
         read[normalize_path("file://" + f)] = meta
+    lacking = lacking or ([] if read else lacking_rows or [])
     if lacking and not read:  # in no file: an error now, not after Spark has started
         raise ConfigError(f"config key 'text_column': column {text_column!r} not in {path} "
                           f"(columns: {', '.join(lacking[0][1].names)})")
@@ -202,7 +207,7 @@ def files_without_column(text_column: str, path: str, lacking: list[tuple[str, p
                          total: int) -> FilesWithoutColumn:
     """Some files of a corpus lack its text column: Spark would read their rows as nulls and
     the count would skip them, losing whatever they hold (a shard written with another
-    column name). One error naming them."""
+    column name). One error naming them. (Files without rows are not counted among them.)"""
     f, schema = lacking[0]
     return FilesWithoutColumn(
         f"config key 'text_column': column {text_column!r} is missing from {len(lacking)} of "
@@ -219,11 +224,12 @@ def refuse_local_files_without_column(files: list[str], text_column: str, path: 
         if not fsutil.is_local(f):
             continue
         try:
-            schema = pq.read_schema(fsutil.local_path(f))
+            meta = pq.read_metadata(fsutil.local_path(f))
+            schema = meta.schema.to_arrow_schema()
         except Exception:  # noqa: BLE001 - pyarrow raises several kinds
             continue
-        if text_column.lower() not in (n.lower() for n in schema.names):
-            lacking.append((f, schema))
+        if meta.num_rows and text_column.lower() not in (n.lower() for n in schema.names):
+            lacking.append((f, schema))  # (one without rows loses nothing)
     if lacking:
         raise files_without_column(text_column, path, lacking, len(files))
 

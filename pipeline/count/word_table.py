@@ -74,12 +74,24 @@ def table_digest(table: pa.Table) -> str:
     return format_digest(*_parts(table, False))
 
 
+_EXACT_CHUNK = 1 << 20  # rows summed at a time where an int64 dot product could wrap
+
+
 def weighted_total(lengths: np.ndarray, counts: np.ndarray) -> int:
     """``sum(lengths * counts)`` exactly (a Python int: never wrapped at 2**63 as an int64
-    dot product would be). Non-negative inputs."""
+    dot product would be). Non-negative inputs. Where the float sum says it could wrap, a
+    chunk of rows at a time, in Python integers only for a chunk that could wrap itself."""
+    lengths, counts = np.asarray(lengths), np.asarray(counts)
     if float(np.dot(lengths.astype(np.float64), counts.astype(np.float64))) < 2.0**62:
         return int(np.dot(lengths.astype(np.int64), counts.astype(np.int64)))  # cannot wrap
-    return sum(int(a) * int(b) for a, b in zip(lengths.tolist(), counts.tolist()))
+    total = 0
+    for i in range(0, len(counts), _EXACT_CHUNK):
+        a, b = lengths[i:i + _EXACT_CHUNK], counts[i:i + _EXACT_CHUNK]
+        if float(np.dot(a.astype(np.float64), b.astype(np.float64))) < 2.0**62:
+            total += int(np.dot(a.astype(np.int64), b.astype(np.int64)))
+        else:
+            total += sum(int(x) * int(y) for x, y in zip(a.tolist(), b.tolist()))
+    return total
 
 
 def table_summary(table: pa.Table) -> dict:
@@ -271,11 +283,9 @@ def data_listing(spark: SparkSession | None, data: str, times: bool = True
                  ) -> dict[str, list[int]]:
     """Each data file under ``data`` (by its path below it): [size, modification time], or
     [size] where the time is not kept (an object store's rename is a copy)."""
-    listing = {}
-    for rel in fsutil.data_files_under(spark, data, relative=True) or []:
-        size, mtime = fsutil.file_status(spark, fsutil.join(data, rel))
-        listing[rel] = [size, mtime] if times else [size]
-    return listing
+    statuses = fsutil.data_file_statuses(spark, data) or {}
+    return {rel: [size, mtime] if times else [size]
+            for rel, (size, mtime) in sorted(statuses.items())}
 
 
 # what word_table.json holds that was computed from the data files
