@@ -131,7 +131,8 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     in Spark jobs. A word's symbols are its bytes, or its characters plus the end-of-word
     suffix."""
     if base.alphabet == "bytes" and all(k in wt.meta for k in ("digest", "byte_tokens",
-                                                                "byte_symbols")):
+                                                                "byte_symbols")) \
+            and wt.meta["byte_tokens"] >= 0:  # (an older spark-bpe's sum could wrap)
         meta = wt.meta
         return meta["byte_tokens"], meta["byte_symbols"], meta["byte_tokens"], meta["digest"]
     summary = spark_table_summary(words())  # one pass: digest and byte sums

@@ -348,8 +348,9 @@ def plan_slices(files: list[str], text_column: str, tasks: int,
     first, each to the least loaded task), each task's slices in corpus order. None when a file
     lacks ``text_column`` as a top-level column (Spark's reader then handles it: the column in
     another case, or an empty file of another schema; a file with rows and no such column is
-    refused before, :func:`files_without_column`). ``footers``: metadata already read, by file. A file
-    whose footer cannot be read, or whose column is not text, is an error naming it; with
+    refused before, :func:`files_without_column`). ``footers``: metadata already read, by
+    file. A file whose footer cannot be read, or whose column is not text, is an error naming
+    it; with
     ``skipped`` given (``ignore_corrupt_files``) an unreadable one is left out and added."""
     slices: list[ReadSlice] = []
     for fidx, f in enumerate(files):
