@@ -154,6 +154,13 @@ def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
         log.info("run at %s is complete but its tokenizer is named %r: writing its outputs "
                  "again as %r", cfg.output, done["name"], name)
         return False
+    saved = _saved_config(spark, cfg.output)
+    changed = [f"{k} {saved[k]!r} then, {getattr(cfg, k)!r} now" for k in PUBLISH_KEYS
+               if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:  # (merges unchanged: the outputs, report and config.json written again)
+        log.info("run at %s is complete but was published with other output settings (%s): "
+                 "writing its outputs again", cfg.output, "; ".join(changed))
+        return False
     try:
         check_run(cfg.output, list(done.get("files") or ()), spark)
     except IncompleteRun as exc:
@@ -161,6 +168,20 @@ def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
                  cfg.output, str(exc).split("; rerun")[0])
         return False
     return True
+
+
+# settings that shape a run's outputs but not its merges: a complete run asked for with other
+# values is published again (from its checkpoint), not left as it was
+PUBLISH_KEYS = ("name", "report_sample", "report_sample_rows")
+
+
+def _saved_config(spark: SparkSession, run_dir: str) -> dict:
+    """The resolved config a run saved next to its outputs ({} if none or unreadable)."""
+    try:
+        saved = json.loads(fsutil.read_text(spark, fsutil.join(run_dir, "config.json")))
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:

@@ -373,10 +373,43 @@ def test_a_complete_run_with_a_new_name_or_a_lost_file_is_published_again(spark,
     assert not any(p.name.startswith(".tmp-") for p in run.rglob("*"))
 
 
-def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spark, tmp_path):
+def test_a_complete_run_asked_for_with_other_output_settings_is_published_again(
+        spark, tmp_path, caplog):
+    """Back to the default name, another report sample or sample size: the outputs, report
+    and config.json are written again from the checkpoint (they stayed as they were, with a
+    config.json that did not say what the command asked for, exit 0)."""
+    caplog.set_level(logging.INFO, logger="pipeline")
+    run = tmp_path / "run"
+    kw = dict(input=str(REPO / "data" / "sample"), output=str(run), vocab_size=300,
+              progress_bar=False)
+    first = train(spark, Config(report_sample_rows=3, **kw))
+    saved = lambda: json.loads((run / "config.json").read_text())  # noqa: E731
+    assert saved()["report_sample_rows"] == 3
+    other = "published with other output settings ("
+    steps = [({"report_sample_rows": 50}, other + "report_sample_rows 3 then, 50 now)"),
+             ({"report_sample_rows": 50, "name": "team-bpe"}, "writing its outputs again as "
+                                                              "'team-bpe'"),
+             ({"report_sample_rows": 50}, other + "name 'team-bpe' then, '' now)"),
+             ({"report_sample_rows": 50, "report_sample": str(REPO / "data" / "sample" /
+                                                            "part-00001.parquet")},
+              other + "report_sample '' then, ")]
+    for change, said in steps:
+        caplog.clear()
+        again = train(spark, Config(**change, **kw))
+        assert not again.already_done and again.merges == first.merges, change
+        assert again.stats["resumed_from_merge"] == len(first.merges)  # served, not trained
+        assert said in caplog.text, change
+        assert {k: saved()[k] for k in change} == change
+        assert train(spark, Config(**change, **kw)).already_done  # and then it is complete
+    assert json.loads((run / "tiktoken.json").read_text())["name"] == "spark-bpe-run"
+    assert "held-out" in (run / "report.html").read_text()
+
+
+def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spark, tmp_path,
+                                                                           caplog):
     """A rerun with --lowercase over a finished run: refused (its checkpoints do not fit)
-    before the count, so RUN/words is still the table the run trained on; --resume never
-    starts fresh."""
+    before the count, so RUN/words is still the table the run trained on, with no
+    "recounting" line before the refusal; --resume never starts fresh."""
     from pipeline.config import ConfigError
 
     run = tmp_path / "run"
@@ -384,9 +417,12 @@ def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spar
               progress_bar=False)
     train(spark, Config(**kw))
     table = (run / "words" / "word_table.json").read_text()
+    caplog.set_level(logging.INFO, logger="pipeline")
+    caplog.clear()
     with pytest.raises(ConfigError, match=r"was trained with other split settings \(lowercase "
                                           r"False then, True now\): its checkpoints in "):
         train(spark, Config(lowercase=True, **kw))
+    assert "recounting" not in caplog.text
     assert (run / "words" / "word_table.json").read_text() == table
     assert (run / "run.json").exists()
     # an external table (imported with no max_word_bytes cap) over the same run: refused

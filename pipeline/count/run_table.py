@@ -76,6 +76,8 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
         made_with = split_settings(wt.meta)
         changed_split = setting_changes(made_with, {k: getattr(cfg, k) for k in made_with})
         if changed_input or changed_split:
+            if changed_split:  # (a refusal first: no "recounting" line before it)
+                _refuse_other_settings(spark, cfg, cfg.max_word_bytes)
             log.info("recounting: the word table at %s was counted with another %s (%s)", own,
                      "input" if changed_input else "split",
                      "; ".join(changed_input + changed_split))
