@@ -3,6 +3,8 @@ with the local shortcut switched off, so every py4j call in it is exercised."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipeline import fsutil
@@ -57,10 +59,11 @@ def test_file_operations_through_hadoop(spark, tmp_path, via_hadoop):
     assert not fsutil.exists(spark, run) and not (tmp_path / "run").exists()
 
 
-def test_a_run_written_through_hadoop_equals_the_local_run(spark, tmp_path, monkeypatch):
+def test_a_run_written_through_hadoop_equals_the_local_run(spark, tmp_path, monkeypatch,
+                                                           caplog):
     """Count, train, checkpoint, lease, publish and a resumed rerun, all through the Hadoop
-    branch (as on hdfs://): the merges of the local run, the word table reused, the run
-    resumed from its checkpoint."""
+    branch (as on hdfs://): the merges of the local run, the word table reused (and its data
+    files found as word_table.json lists them), the run resumed from its checkpoint."""
     kw = dict(progress_bar=False)
     ref = train(spark, Config(input=str(SAMPLE), output=str(tmp_path / "ref"),
                               vocab_size=450, **kw)).merges
@@ -68,15 +71,18 @@ def test_a_run_written_through_hadoop_equals_the_local_run(spark, tmp_path, monk
     run = f"file://{tmp_path}/run"
     first = train(spark, Config(input=f"file://{SAMPLE}", output=run, vocab_size=400, **kw))
     assert first.merges == ref[:400 - 257]
+    caplog.clear()
     again = train(spark, Config(input=f"file://{SAMPLE}", output=run, vocab_size=450, **kw))
     assert again.merges == ref and again.stats["resumed_from_merge"] == 400 - 257
+    assert "are not the ones its word_table.json lists" not in caplog.text
+    listed = json.loads((tmp_path / "run" / "words" / "word_table.json").read_text())
+    assert listed["data_files"] and all(
+        name.endswith(".parquet") and "/" not in name for name in listed["data_files"])
     assert again.stats["stage_seconds"].get("count_words", 0) == 0  # the table was reused
     assert (tmp_path / "run" / "run.json").exists()
     assert (tmp_path / "run" / "merges.txt").read_text() == (
         tmp_path / "ref" / "merges.txt").read_text()
     # progress.jsonl, written whole through Hadoop: both attempts, each to its last stage
-    import json
-
     events = [json.loads(x) for x in (tmp_path / "run" / "progress.jsonl").read_text()
               .splitlines()]
     ends = [(e["stage"], e["event"]) for e in events if e["event"] in ("start", "end")]
