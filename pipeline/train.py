@@ -156,7 +156,8 @@ def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
         return False
     saved = _saved_config(spark, cfg.output)
     changed = [f"{k} {saved[k]!r} then, {getattr(cfg, k)!r} now" for k in PUBLISH_KEYS
-               if k in saved and saved[k] != getattr(cfg, k)]
+               if k in saved and _published_as(cfg, k, saved[k])
+               != _published_as(cfg, k, getattr(cfg, k))]
     if changed:  # (merges unchanged: the outputs, report and config.json written again)
         log.info("run at %s is complete but was published with other output settings (%s): "
                  "writing its outputs again", cfg.output, "; ".join(changed))
@@ -173,6 +174,24 @@ def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
 # settings that shape a run's outputs but not its merges: a complete run asked for with other
 # values is published again (from its checkpoint), not left as it was
 PUBLISH_KEYS = ("name", "report_sample", "report_sample_rows")
+
+
+def _published_as(cfg: Config, key: str, value):
+    """What a publish-only setting comes to in ``cfg``'s run: the name (the default one for
+    "", as a moved run is named), the report sample's absolute path (one file spelled two
+    ways, by the CLI and by pipeline.api, is one file)."""
+    if key == "name":
+        return value or tokenizer_name(Config(output=cfg.output))
+    if key == "report_sample":
+        return absolute_local(value)
+    return value
+
+
+def absolute_local(path: str) -> str:
+    """A local path (or ``file:`` URI) as an absolute, normalised path; others as given."""
+    if not path or not fsutil.is_local(path):
+        return path
+    return os.path.normpath(os.path.abspath(fsutil.local_path(path)))
 
 
 def _saved_config(spark: SparkSession, run_dir: str) -> dict:
@@ -505,6 +524,8 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     background; others may never create it. ``frame``: train on this DataFrame's
     ``text_column`` instead of ``cfg.input`` (``pipeline.api``)."""
     t_start = time.time()
+    # saved absolute in config.json: a rerun from another directory must tell its file apart
+    cfg.report_sample = absolute_local(cfg.report_sample)
     inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
     check_run_place(spark, cfg.output, (inside.split("/")[0],) if inside else ())
     with contextlib.ExitStack() as stack:

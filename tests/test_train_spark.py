@@ -390,8 +390,8 @@ def test_a_complete_run_asked_for_with_other_output_settings_is_published_again(
              ({"report_sample_rows": 50, "name": "team-bpe"}, "writing its outputs again as "
                                                               "'team-bpe'"),
              ({"report_sample_rows": 50}, other + "name 'team-bpe' then, '' now)"),
-             ({"report_sample_rows": 50, "report_sample": str(REPO / "data" / "sample" /
-                                                            "part-00001.parquet")},
+             ({"report_sample_rows": 50, "report_sample": os.path.relpath(
+                 REPO / "data" / "sample" / "part-00001.parquet")},
               other + "report_sample '' then, ")]
     for change, said in steps:
         caplog.clear()
@@ -399,10 +399,19 @@ def test_a_complete_run_asked_for_with_other_output_settings_is_published_again(
         assert not again.already_done and again.merges == first.merges, change
         assert again.stats["resumed_from_merge"] == len(first.merges)  # served, not trained
         assert said in caplog.text, change
-        assert {k: saved()[k] for k in change} == change
+        assert {k: saved()[k] for k in change} == {
+            k: os.path.abspath(v) if k == "report_sample" else v for k, v in change.items()}
         assert train(spark, Config(**change, **kw)).already_done  # and then it is complete
     assert json.loads((run / "tiktoken.json").read_text())["name"] == "spark-bpe-run"
     assert "held-out" in (run / "report.html").read_text()
+    # the same settings spelled otherwise are the same: no publishing again
+    sample = str(REPO / "data" / "sample" / "part-00001.parquet")
+    same = {"report_sample_rows": 50, "name": "spark-bpe-run",
+            "report_sample": os.path.relpath(sample)}
+    assert train(spark, Config(**same, **kw)).already_done
+    assert train(spark, Config(**{**same, "report_sample": "file://" + sample}, **kw)
+                 ).already_done
+    assert saved()["report_sample"] == sample  # (saved absolute: a relative one is ambiguous)
 
 
 def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spark, tmp_path,
