@@ -17,11 +17,13 @@ right: :func:`left_to_right`.
 
 Pairs of token ids are packed into one int64 key, ``left << 32 | right`` (:func:`pack_pair`),
 so that sorting keys sorts pairs by (left, right) and a pair is one number in numpy arrays,
-dicts and Spark records.
+dicts and Spark records. Token ids are below 2**31, so a key is never negative: the Spark
+engine sends side information under negative keys in the same records.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import overload
 
@@ -91,11 +93,23 @@ def left_to_right_few(first: list[int], nxt) -> list[int]:
     return kept
 
 
+CORPUS_KEY = ("file", "block", "row", "rank")
+"""The fields of an occurrence's place in corpus order, most significant first: the file's
+index in path order, the block (split) of the file it was read in, the row in that block, the
+word's rank in its row."""
+
+
+def corpus_order(file: np.ndarray, block: np.ndarray, row: np.ndarray, rank: np.ndarray
+                 ) -> np.ndarray:
+    """The indices that sort occurrences into corpus order (:data:`CORPUS_KEY`)."""
+    return np.lexsort((rank, row, block, file))
+
+
 @dataclass(frozen=True)
 class FirstSeenLayout:
     """Bit layout packing a first occurrence (file, row, rank in row) into one int64 whose
-    order is the corpus order. ``pack`` works on ints and on numpy int64 arrays; the count's
-    Spark SQL spells the same shifts with :attr:`file_shift` and :attr:`rank_bits`."""
+    order is the corpus order. ``pack`` works on ints and on numpy int64 arrays;
+    :meth:`pack_by` spells the same packing with other operators (the count's Spark SQL)."""
 
     row_bits: int
     rank_bits: int
@@ -112,4 +126,10 @@ class FirstSeenLayout:
         return self.row_bits + self.rank_bits
 
     def pack(self, file, row, rank):
-        return (file << self.file_shift) | (row << self.rank_bits) | rank
+        return self.pack_by(file, row, rank, operator.lshift, operator.or_)
+
+    def pack_by(self, file, row, rank, shift_left, bit_or):
+        """:meth:`pack` with the given shift and or (e.g. Spark's ``shiftleft`` and
+        ``Column.bitwiseOR`` on int64 columns)."""
+        return bit_or(bit_or(shift_left(file, self.file_shift), shift_left(row, self.rank_bits)),
+                      rank)

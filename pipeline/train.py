@@ -20,8 +20,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
-import re
 import resource
 import statistics
 import time
@@ -56,10 +54,7 @@ from pipeline.memory import (
     release_freed_memory,
 )
 from pipeline.outputs import (
-    EXPORT_FILES,
-    IncompleteRun,
     TrainedTokenizer,
-    check_run,
     check_run_place,
     write_exports,
     write_run_json,
@@ -67,6 +62,13 @@ from pipeline.outputs import (
 )
 from pipeline.progress import Progress, Stage, jsonl_at
 from pipeline.report import check_report_sample, write_report
+from pipeline.run_dir import (
+    absolute_local,
+    complete_run_still_valid,
+    invalidate_run,
+    run_summary,
+    tokenizer_name,
+)
 from pipeline.spark_session import start_session
 
 log = logging.getLogger(__name__)
@@ -146,73 +148,6 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     return int(row[0] or 0), int(row[1] or 0), corpus_bytes, summary["digest"]
 
 
-def _outputs_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bool:
-    """Whether a complete run's files are still the ones it wrote, under the tokenizer name
-    asked for now; else (logged) its outputs are written again from its checkpoint."""
-    name = tokenizer_name(cfg)
-    if cfg.name and done.get("name", name) != name:  # (a moved run keeps its default name)
-        log.info("run at %s is complete but its tokenizer is named %r: writing its outputs "
-                 "again as %r", cfg.output, done["name"], name)
-        return False
-    saved = _saved_config(spark, cfg.output)
-    changed = [f"{k} {saved[k]!r} then, {getattr(cfg, k)!r} now" for k in PUBLISH_KEYS
-               if k in saved and _published_as(cfg, k, saved[k])
-               != _published_as(cfg, k, getattr(cfg, k))]
-    if changed:  # (merges unchanged: the outputs, report and config.json written again)
-        log.info("run at %s is complete but was published with other output settings (%s): "
-                 "writing its outputs again", cfg.output, "; ".join(changed))
-        return False
-    try:
-        check_run(cfg.output, list(done.get("files") or ()), spark)
-    except IncompleteRun as exc:
-        log.info("run at %s is complete but its outputs changed (%s): writing them again",
-                 cfg.output, str(exc).split("; rerun")[0])
-        return False
-    return True
-
-
-# settings that shape a run's outputs but not its merges: a complete run asked for with other
-# values is published again (from its checkpoint), not left as it was
-PUBLISH_KEYS = ("name", "report_sample", "report_sample_rows")
-
-
-def _published_as(cfg: Config, key: str, value):
-    """What a publish-only setting comes to in ``cfg``'s run: the name (the default one for
-    "", as a moved run is named), the report sample's absolute path (one file spelled two
-    ways, by the CLI and by pipeline.api, is one file)."""
-    if key == "name":
-        return value or tokenizer_name(Config(output=cfg.output))
-    if key == "report_sample":
-        return absolute_local(value)
-    return value
-
-
-def absolute_local(path: str) -> str:
-    """A local path (or ``file:`` URI) as an absolute, normalised path; others as given."""
-    if not path or not fsutil.is_local(path):
-        return path
-    return os.path.normpath(os.path.abspath(fsutil.local_path(path)))
-
-
-def _saved_config(spark: SparkSession, run_dir: str) -> dict:
-    """The resolved config a run saved next to its outputs ({} if none or unreadable)."""
-    try:
-        saved = json.loads(fsutil.read_text(spark, fsutil.join(run_dir, "config.json")))
-    except (OSError, ValueError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
-
-
-def _run_summary(run_dir: str, spark: SparkSession) -> dict | None:
-    path = fsutil.join(run_dir, "run.json")
-    if not fsutil.exists(spark, path):
-        return None
-    try:
-        return json.loads(fsutil.read_text(spark, path))
-    except ValueError:
-        return None
-
-
 def _will_use_spark_sql(cfg: Config) -> bool:
     """Whether the run needs a SparkSession whatever the count finds: a given word table, the
     chars alphabet, the Spark engine, or files only Spark's own readers and writers reach."""
@@ -255,7 +190,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
         start_session(spark)
     stages: dict[str, float] = {"spark_session": round(session_seconds, 3)}
     choice = word_table_for(spark, cfg, progress, frame,
-                            lambda: _invalidate_run(spark, cfg.output))
+                            lambda: invalidate_run(spark, cfg.output))
     wt = choice.table
     stages["count_words"] = round(choice.count_seconds, 3)
     adopt_table_settings(cfg, wt)
@@ -289,9 +224,9 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
                     engine_decision=why, budget=budget, stages=stages)
     guard()  # (the count may have taken long: the directory may be another run's by now)
     fsutil.remove_temp_files(spark, cfg.output)  # (a killed run's)
-    done = _run_summary(cfg.output, spark)
+    done = run_summary(cfg.output, spark)
     if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
-            and cfg.resume != "never" and _outputs_still_valid(spark, cfg, done)):
+            and cfg.resume != "never" and complete_run_still_valid(spark, cfg, done)):
         prep.done = done
         return prep
     ckpt.clean_temp()
@@ -555,7 +490,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
                      cfg.output, prep.done.get("merges"))
             return RunResult(cfg.output, [], prep.done.get("stats", {}), already_done=True)
         still_ours()
-        _invalidate_run(spark, cfg.output)
+        invalidate_run(spark, cfg.output)
         out = make_merges(spark, prep, progress, still_ours)
         still_ours()
         return publish(spark, prep, out, progress, t_start)
@@ -582,30 +517,3 @@ def _checkpoint_dir_leased(cfg: Config) -> list[str]:
     checkpoint's to report) and a killed run leaves no directory behind."""
     ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
     return [ckdir] if same_or_inside(ckdir, cfg.output) != "" else []
-
-
-def tokenizer_name(cfg: Config) -> str:
-    """``name``, or spark-bpe-<run directory name> (tiktoken wants distinct encodings to have
-    distinct names: two runs with other special tokens must not share one)."""
-    if cfg.name:
-        return cfg.name
-    path = cfg.output
-    if fsutil.is_local(path):  # ".", "out/run/." and "out/.." name the directory they mean
-        path = os.path.abspath(fsutil.local_path(path))
-    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.rstrip("/").rsplit("/", 1)[-1]).strip("-.")
-    return "spark-bpe-" + (base or "run")
-
-
-def _invalidate_run(spark: SparkSession, run_dir: str) -> None:
-    """A run about to rewrite a run directory first removes its ``run.json``: until the new
-    one is written, the directory does not claim to hold a complete run. The earlier run's
-    exports go too, so that none this run does not write (a chars run writes no tiktoken
-    files) stays beside its run.json."""
-    path = fsutil.join(run_dir, "run.json")
-    if fsutil.exists(spark, path):
-        log.info("%s holds an earlier run; it is marked incomplete until this one is "
-                 "published", run_dir)
-        fsutil.delete(spark, path)
-    for name in EXPORT_FILES:
-        if fsutil.exists(spark, fsutil.join(run_dir, name)):
-            fsutil.delete(spark, fsutil.join(run_dir, name))

@@ -11,7 +11,7 @@ PURE = ["pipeline.bpe", "pipeline.order", "pipeline.encoder", "pipeline.outputs"
         "pipeline.patterns", "pipeline.pretokenize", "pipeline.checkpoint", "pipeline.memory",
         "pipeline.engines.local", "pipeline.engines.planner", "pipeline.engines.partition",
         "pipeline.engines.deltas", "pipeline.engines.rounds", "pipeline.report",
-        "pipeline.fsutil"]
+        "pipeline.fsutil", "pipeline.run_dir"]
 
 
 class NoPyspark:

@@ -487,7 +487,7 @@ def test_the_tiktoken_name_is_the_run_directory_s_whatever_the_path_says(tmp_pat
     they mean, not a dot; a user's --name wins."""
     import dataclasses
 
-    from pipeline.train import tokenizer_name
+    from pipeline.run_dir import tokenizer_name
 
     (tmp_path / "nightly" / "sub").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "nightly")

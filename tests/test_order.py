@@ -13,8 +13,10 @@ from pipeline.bpe import initial_words, tokens_after, train_oracle
 from pipeline.engines.local import LocalTrainer
 from pipeline.engines.rounds import InProcessPartitions, run_rounds
 from pipeline.order import (
+    CORPUS_KEY,
     NO_POSITION,
     FirstSeenLayout,
+    corpus_order,
     heap_entry,
     left_to_right,
     left_to_right_few,
@@ -67,6 +69,16 @@ def test_first_seen_packing_keeps_corpus_order():
     f, r, k = (np.array(c, dtype=np.int64) for c in zip(*keys))
     assert layout.pack(f, r, k).tolist() == packed  # the numpy form is the same packing
     assert FirstSeenLayout.fit(files=2**20, max_row=2**30, max_rank=2**20) is None
+    # spelled with other operators (Spark SQL's), the same packing: here with Python's own
+    assert [layout.pack_by(*k, lambda x, n: x * 2**n, lambda x, y: x + y) for k in keys] == packed
+
+
+def test_corpus_order_is_file_block_row_rank():
+    assert CORPUS_KEY == ("file", "block", "row", "rank")
+    rng = np.random.default_rng(3)
+    places = rng.integers(0, 3, size=(40, 4))
+    by_order = places[corpus_order(*places.T)]
+    assert [tuple(p) for p in by_order] == sorted(tuple(p) for p in places)
 
 
 def _first_merge(words: list[bytes], counts: list[int], engine: str) -> tuple[bytes, bytes]:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipeline import fsutil
@@ -30,7 +30,7 @@ from pipeline.count.word_table import (
     first_in_order,
     sum_duplicates,
 )
-from pipeline.order import FirstSeenLayout
+from pipeline.order import CORPUS_KEY, FirstSeenLayout, corpus_order
 
 log = logging.getLogger(__name__)
 
@@ -153,15 +153,14 @@ def spark_word_table(partial: DataFrame, layout: FirstSeenLayout | None,
                                (F.col("file") == F.col("s_file"))
                                & (F.col("block") == F.col("s_block")))
             row = row + F.col("s_offset")
-        packed = (F.shiftleft(F.col("file").cast("long"), layout.file_shift)
-                  .bitwiseOR(F.shiftleft(row, layout.rank_bits))
-                  .bitwiseOR(F.col("rank").cast("long")))
+        packed = layout.pack_by(F.col("file").cast("long"), row, F.col("rank").cast("long"),
+                                F.shiftleft, Column.bitwiseOR)
         return (words.select("word", "count", packed.alias("first_seen")).groupBy("word")
                 .agg(F.sum("count").alias("count"), F.min("first_seen").alias("first_seen")))
     # too many files/rows for 63 bits: dense ranks of the first occurrence
     first = (words.groupBy("word")
              .agg(F.sum("count").alias("count"),
-                  F.min(F.struct("file", "block", "row", "rank")).alias("first")))
+                  F.min(F.struct(*CORPUS_KEY)).alias("first")))
     return _dense_rank(first.orderBy("first").select("word", "count"))
 
 
@@ -240,7 +239,7 @@ def _merge_bucket(batches: list[pa.RecordBatch], layout: FirstSeenLayout | None,
         np.minimum.at(first, word_id, key)
     else:  # each word's row with the smallest (file, block, row, rank)
         block = words.column("block").to_numpy()
-        by_key = np.lexsort((rank, row, block, file))
+        by_key = corpus_order(file, block, row, rank)
         rep = by_key[first_in_order(word_id, by_key)]
         first = np.stack([file[rep], block[rep], row[rep], rank[rep]])
     return distinct, totals, first
@@ -268,7 +267,7 @@ def merge_partials(partial: pa.Table | BucketedPartials, n_files: int
         file, block, row, rank = np.concatenate(firsts, axis=1) if firsts \
             else np.zeros((4, 0), dtype=np.int64)
         first_seen = np.empty(len(file), dtype=np.int64)
-        first_seen[np.lexsort((rank, row, block, file))] = np.arange(len(file), dtype=np.int64)
+        first_seen[corpus_order(file, block, row, rank)] = np.arange(len(file), dtype=np.int64)
     table = pa.Table.from_arrays(
         [pa.chunked_array(words, pa.binary()),
          pa.array(np.concatenate(totals) if totals else np.zeros(0, np.int64), pa.int64()),

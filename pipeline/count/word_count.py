@@ -126,29 +126,10 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
     one split to its end before the next), so a task holds one split's words, not those of
     every split it packs. Were a split to come back, its rows would go on being numbered where
     they stopped, and the merge takes each word's first occurrence over the pieces."""
-    pre = Pretokenizer(spec)
-    # rows per file: with ignore_corrupt_files, a file that gave none was skipped by Spark;
-    # rows per split, and the last with words: the merge numbers rows within their file
-    # (merge.SplitOffsets); filled as the splits finish, read by partial_batches after the last
-    file_rows: dict[str, int] = {}
-    last_rows: dict[str, int] = {}
+    splits = _SplitCounts(Pretokenizer(spec), weights, max_word_bytes)
 
     def finished_splits() -> Iterator[Counted]:
         rows_read = bytes_read = 0
-        split: tuple[int, int] | None = None
-        wc: WordCounter | None = None
-        rows_of: dict[tuple[int, int], int] = {}  # rows numbered so far, per split
-        base = 0
-
-        def done(wc: WordCounter, split: tuple[int, int]) -> Counted:
-            rows_of[split] = base + wc.stats.rows
-            for key in (f"file_rows:{split[0]}", f"{SPLIT_ROWS}{split[0]}:{split[1]}"):
-                file_rows[key] = file_rows.get(key, 0) + wc.stats.rows
-            if wc.counts or wc.stats.long_words:  # (max_row: the last row with words)
-                key = f"{SPLIT_LAST_ROW}{split[0]}:{split[1]}"
-                last_rows[key] = max(last_rows.get(key, 0), wc.max_row)
-            return wc, split[1], weights[split[0]]
-
         for batch in batches:
             texts = text_values(batch.column(0))
             sources = batch.column(1).to_pylist()
@@ -161,27 +142,69 @@ def count_scanned_batches(spec: PretokenizerSpec, batches: Iterable[pa.RecordBat
             start = 0
             for end in ends:
                 fidx = file_index[(sources[start], normalize_uri(paths[start].as_py()))]
-                here = (fidx, blocks[start] or 0)
-                if here != split:
-                    if wc is not None and split is not None:
-                        yield done(wc, split)
-                    split, base = here, rows_of.get(here, 0)
-                    wc = WordCounter(pre, fidx, max_word_bytes=max_word_bytes)
-                assert wc is not None
-                add = wc.add_row
-                before = wc.stats.bytes
-                for i in range(start, end):
-                    row = rows[i]
-                    add(base + wc.stats.rows if row is None else row, texts[i])
-                bytes_read += wc.stats.bytes - before
+                finished = splits.move_to((fidx, blocks[start] or 0))
+                if finished is not None:
+                    yield finished
+                bytes_read += splits.add_rows(rows[start:end], texts[start:end])
                 start = end
             rows_read += batch.num_rows
             report.update(rows_read, bytes_read)
         report.finish(rows_read, bytes_read)
-        if wc is not None and split is not None:
-            yield done(wc, split)
+        finished = splits.finish()
+        if finished is not None:
+            yield finished
 
-    yield from partial_batches(finished_splits(), file_rows, extra_max=last_rows)
+    # (file_rows, last_rows: filled as the splits finish, read by partial_batches after the last)
+    yield from partial_batches(finished_splits(), splits.file_rows, extra_max=splits.last_rows)
+
+
+class _SplitCounts:
+    """The splits one Spark-reader task counts, one :class:`WordCounter` at a time, and what
+    the merge needs of them: rows per file (with ignore_corrupt_files, a file that gave none
+    was skipped by Spark), rows per split and the last row with words (the merge numbers rows
+    within their file: ``merge.SplitOffsets``)."""
+
+    def __init__(self, pre: Pretokenizer, weights: list[int], max_word_bytes: int):
+        self.pre, self.weights, self.max_word_bytes = pre, weights, max_word_bytes
+        self.file_rows: dict[str, int] = {}
+        self.last_rows: dict[str, int] = {}
+        self.rows_of: dict[tuple[int, int], int] = {}  # rows numbered so far, per split
+        self.split: tuple[int, int] | None = None
+        self.wc: WordCounter | None = None
+        self.base = 0  # the current split's rows numbered before this piece of it
+
+    def move_to(self, split: tuple[int, int]) -> Counted | None:
+        """Count the rows that follow in ``split`` (file, block); the split left, if any."""
+        if split == self.split:
+            return None
+        finished = self.finish()
+        self.split, self.base = split, self.rows_of.get(split, 0)
+        self.wc = WordCounter(self.pre, split[0], max_word_bytes=self.max_word_bytes)
+        return finished
+
+    def add_rows(self, rows: list[int | None], texts: list) -> int:
+        """Count rows of the current split (a row without its index from the reader is the
+        next one); the bytes read."""
+        wc = self.wc
+        assert wc is not None
+        add, before = wc.add_row, wc.stats.bytes
+        for row, text in zip(rows, texts):
+            add(self.base + wc.stats.rows if row is None else row, text)
+        return wc.stats.bytes - before
+
+    def finish(self) -> Counted | None:
+        """The current split's counts (None before the first), recorded as finished."""
+        wc, split = self.wc, self.split
+        if wc is None or split is None:
+            return None
+        self.wc = None
+        self.rows_of[split] = self.base + wc.stats.rows
+        for key in (f"file_rows:{split[0]}", f"{SPLIT_ROWS}{split[0]}:{split[1]}"):
+            self.file_rows[key] = self.file_rows.get(key, 0) + wc.stats.rows
+        if wc.counts or wc.stats.long_words:  # (max_row: the last row with words)
+            key = f"{SPLIT_LAST_ROW}{split[0]}:{split[1]}"
+            self.last_rows[key] = max(self.last_rows.get(key, 0), wc.max_row)
+        return wc, split[1], self.weights[split[0]]
 
 
 REPORT_ROWS = 256  # rows between progress updates of an Arrow-reader task

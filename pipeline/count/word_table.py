@@ -69,8 +69,8 @@ def _digest_parts(words: pa.Array, counts: np.ndarray, first_seen: np.ndarray
 
 def table_digest(table: pa.Table) -> str:
     """A content digest of a word table (see :func:`_digest_parts`) and its row count. The
-    same value comes from Spark with :func:`spark_table_digest` (tests hold them equal); it
-    does not depend on the rows' order or on how they are split into batches."""
+    same value comes from Spark as :func:`spark_table_summary`'s ``digest`` (tests hold them
+    equal); it does not depend on the rows' order or on how they are split into batches."""
     return format_digest(*_parts(table, False))
 
 
@@ -134,12 +134,6 @@ def legacy_digest(table: pa.Table | DataFrame) -> str:
     else:
         total, rows, _, _ = _spark_parts(table, True)
     return f"c{total:016x}-{rows}"
-
-
-def spark_table_digest(df: DataFrame) -> str:
-    """:func:`table_digest` of a word-table DataFrame, computed where its rows are (one small
-    row per partition comes back)."""
-    return spark_table_summary(df)["digest"]
 
 
 def _spark_parts(df: DataFrame, legacy: bool) -> tuple[int, int, int, int]:

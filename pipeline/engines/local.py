@@ -17,8 +17,9 @@ exactly when it still carries the pair's id; dead entries are skipped on read. C
 exact (an int64 array lowered with one vectorized call per merge); the heap holds (count
 upper bound, position lower bound, id) and is fixed lazily when an entry reaches the top.
 
-Memory, per symbol of the word table: tok, nxt, prv and pid are 4 bytes each (8 for indices
-past 2**31), w 2 bytes, and the position buffer holds about 1-2 entries of 4 bytes; per
+Memory, per symbol of the word table: tok, nxt, prv and pid are 4 bytes each (nxt, prv, pid
+and the buffer's entries 8 past 2**31 symbols; tok stays int32), w 2 bytes, and the position
+buffer holds about 1-2 entries of 4 bytes; per
 registered pair 32 bytes (count, buffer range lo/hi: int64; its tokens pair_left/pair_right:
 int32). The arrays come from an :class:`Arrays` allocator: in memory on the driver,
 memory-mapped files in an executor's scratch directory for the Spark engine
@@ -275,7 +276,11 @@ class FlatMergeState:
         return v
 
     def _byte_keys(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray]:
-        """Pair keys ``a * base + b`` and positions of the initial pairs starting in [s, e)."""
+        """Pair keys ``a * base + b`` and positions of the initial pairs starting in [s, e).
+
+        Dense for the base alphabet (b < base), these sort by (a, b) as ``order.pack_pair``
+        keys do: segment 0 is laid out in this order and :meth:`find_pair` searches it with
+        ``pack_pair`` keys."""
         pos = np.flatnonzero(self.nxt[s:e] >= 0)
         pos += s
         keys = self.tok[pos].astype(np.int32) * self.base_size + self.tok[pos + 1]
@@ -604,6 +609,7 @@ class LocalTrainer:
     def from_words(
         cls, words: Sequence[Sequence[int]], counts: Sequence[int], token_bytes: Sequence[bytes]
     ) -> LocalTrainer:
+        """A trainer of words given as lists of token ids (small inputs: tests, examples)."""
         lengths = np.fromiter((len(w) for w in words), dtype=np.int64, count=len(words))
         flat = np.fromiter((t for w in words for t in w), dtype=np.int64, count=int(lengths.sum()))
         return cls(flat, lengths, np.asarray(counts, dtype=np.int64), token_bytes)

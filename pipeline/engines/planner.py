@@ -2,9 +2,11 @@
 
 Holds the exact pair counts, a tie key per pair (its smallest position in corpus order, exact
 or a lower bound), and picks each round's batch of merges: best-first, accepting the next
-candidate only while its count is strictly greater than the pre-round count of every pair the
-already accepted merges touch, and stopping after an ``(a, a)`` merge (docs/DESIGN.md section 3).
-Those merges are exactly the ones the sequential trainer would make next.
+candidate ``(a, b)`` with count ``c`` only while it is not touched by an accepted merge ``m_i``
+(``b`` is no ``m_i``'s left token, ``a`` no ``m_i``'s right token) and
+``c > max_i min(c_i, largest pre-round count of the pairs m_i touches)``, and stopping after an
+``(a, a)`` merge (docs/DESIGN.md section 3, where the bound is argued). Those merges are
+exactly the ones the sequential trainer would make next.
 
 Words are range-partitioned by ``first_seen`` and positions are global (the words of all
 partitions end to end), so a pair's smallest position lies in the lowest partition that has
@@ -28,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from pipeline.bpe import Merge
 from pipeline.engines.deltas import PairDeltas
 from pipeline.order import NO_POSITION, heap_entry, unpack_entry, unpack_pair
 
@@ -169,18 +172,17 @@ class PairBook:
 
     def select_batch(
         self, max_batch: int, remaining: int, min_pair_count: int, refresh: Refresh
-    ) -> list[tuple[int, int, int]]:
-        """The next merges (a, b, count), provably those the sequential trainer makes next.
+    ) -> list[Merge]:
+        """The next merges, provably those the sequential trainer makes next; their new ids
+        continue after the tokens that exist (``token_len``, which grows with them).
 
         After accepting merge j = (a, b) with count c_j, only pairs (x, a), (b, y) and (a, b)
         change (they lose occurrences), and every new pair (x, ab) / (ab, y) occurs at most
         min(c_j, pre-round count of (x, a) / (b, y)) times. So the next candidate (best-first,
         exact tie keys) is exactly the sequential trainer's next merge when it is not one of
         the changed pairs and its count is strictly above every such bound.
-
-        (Appends each accepted merge's token length to ``token_len``, the caller's list.)
         """
-        batch: list[tuple[int, int, int]] = []
+        batch: list[Merge] = []
         bound = -1  # largest count a pair created by the accepted merges can have
         rights: set[int] = set()  # a pair (x, a) changed: a is in rights
         lefts: set[int] = set()  # a pair (b, y) changed: b is in lefts
@@ -193,7 +195,7 @@ class PairBook:
             if c < min_pair_count or (batch and (c <= bound or b in rights or a in lefts)):
                 break
             heapq.heappop(self.heap)
-            batch.append((a, b, c))
+            batch.append(Merge(a, b, len(self.token_len), c))
             self.token_len.append(self.token_len[a] + self.token_len[b])
             if a == b:
                 break

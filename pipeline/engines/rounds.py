@@ -133,14 +133,13 @@ def run_rounds(
         if not batch:
             finished = True
             break
-        first_id = len(token_len) - len(batch)
-        plan = [(a, b, first_id + i) for i, (a, b, _) in enumerate(batch)]
+        plan = [(m.left, m.right, m.new_id) for m in batch]
         t_job = time.time()
         rep = parts.run_round(plan)
         stats.job_seconds.append(time.time() - t_job)
         stats.work_seconds.append(rep.work)
         book.apply(rep)
-        new = [Merge(a, b, first_id + i, c) for i, (a, b, c) in enumerate(batch)]
+        new = batch
         new_removed = [int(x) for x in rep.removed]
         merges.extend(new)
         removed.extend(new_removed)
