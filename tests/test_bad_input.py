@@ -375,6 +375,44 @@ def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_
                             vocab_size=300, progress_bar=False))
 
 
+def test_the_first_shard_corrupt_where_spark_reads_the_schema(spark, tmp_path):
+    """Spark takes a Parquet schema from one file's footer: with ignore_corrupt_files and that
+    file corrupt, it had none (UNABLE_TO_INFER_SCHEMA), and the job said the partitions were
+    "subfolders that are not partitions". Now the file is skipped and listed, whichever file
+    it is, through a glob, partition folders or Spark's reader; with every file corrupt, and
+    with partition folders of different keys, one line that says so."""
+    rows = normal_rows()
+    lake = tmp_path / "lake"
+    for lang in ("de", "en"):  # the bad one sorts first
+        (lake / f"lang={lang}").mkdir(parents=True)
+        pq.write_table(pa.table({"text": rows}), lake / f"lang={lang}" / "part-0.parquet")
+    bad = lake / "lang=de" / "part-0.parquet"
+    bad.write_bytes(bad.read_bytes()[:200])
+    for i, (source, reader) in enumerate([(lake, "auto"), (f"{lake}/*/*.parquet", "auto"),
+                                          (lake, "spark")]):
+        run = tmp_path / f"run{i}"
+        train(spark, Config(input=str(source), output=str(run), vocab_size=300,
+                            count_reader=reader, ignore_corrupt_files=True, progress_bar=False))
+        stats = json.loads((run / "stats.json").read_text())
+        assert [f.rsplit("/", 2)[1] for f in stats["left_out_of_training"]["unreadable_files"]] \
+            == ["lang=de"], (source, reader)
+        assert json.loads((run / "words" / "stats.json").read_text())["rows"] == len(rows)
+    good = lake / "lang=en" / "part-0.parquet"
+    good.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(ConfigError, match=r"^config key 'input': no file of \S+lake could be "
+                                          r"read: each was skipped as corrupt"):
+        train(spark, Config(input=str(lake), output=str(tmp_path / "none"), vocab_size=300,
+                            count_reader="spark", ignore_corrupt_files=True, progress_bar=False))
+    keys = tmp_path / "keys"
+    for sub in ("lang=en", "year=2020"):
+        (keys / sub).mkdir(parents=True)
+        pq.write_table(pa.table({"text": rows}), keys / sub / "part-0.parquet")
+    with pytest.raises(ConfigError, match=r"^config key 'input': the partition folders under "
+                                          r"\S+keys are named after different columns"):
+        train(spark, Config(input=str(keys), output=str(tmp_path / "k"), vocab_size=300,
+                            progress_bar=False))
+
+
 def lake_with_a_file_damaged_part_way(folder) -> None:
     """part-0.parquet: good rows; part-1.parquet: 200 rows in 4 row groups, the second one's
     data damaged (its footer reads)."""

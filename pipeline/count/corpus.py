@@ -495,7 +495,7 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         elif cfg.input_format == "json":
             df = _read_json(spark, cfg, fsutil.spark_path(name), all_columns)
         else:
-            df = spark.read.format(cfg.input_format).load(fsutil.spark_path(name))
+            df = _read_files(spark, cfg.input_format, fsutil.spark_path(name))
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
         named = None if isinstance(exc, AnalysisException) \
             else unreadable_file_error(exc, can_skip, format_name(cfg))
@@ -504,8 +504,15 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         msg = _reason(exc)
         if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
             raise ConfigError(f"{what}: path does not exist: {name}") from None
-        if _lists_files(cfg, frame):  # (e.g. files only in plain subfolders)
-            _refuse_files_left_out(spark, what, name, [])
+        if _lists_files(cfg, frame) and "UNABLE_TO_INFER_SCHEMA" in msg:
+            _refuse_files_left_out(spark, what, name, [])  # files only in plain subfolders?
+            if _skipping_corrupt(spark) and cfg.input_format in ("parquet", "orc"):
+                raise ConfigError(f"{what}: no file of {name} could be read: each was skipped "
+                                  "as corrupt (ignore_corrupt_files)") from None
+        if "CONFLICTING_PARTITION_COLUMN_NAMES" in msg:
+            raise ConfigError(f"{what}: the partition folders under {name} are named after "
+                              "different columns (key=value with other keys); give each "
+                              "folder as an input, or a glob") from None
         if "DATA_SOURCE_NOT_FOUND" in msg or "Failed to find data source" in msg:
             raise ConfigError(f"config key 'input_format': Spark has no {cfg.input_format!r} "
                               "reader here (delta needs the delta-spark package: spark-submit "
@@ -539,6 +546,24 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
     if parquet or "row_index" in meta:  # (a catalog table stored as Parquet has them too)
         return df, files, path, F.lit(0), F.col("_metadata.row_index")
     return df, files, path, F.col("_metadata.file_block_start"), F.lit(None)
+
+
+def _read_files(spark: SparkSession, fmt: str, path: str) -> DataFrame:
+    """Files of a format with a schema of its own (Parquet, ORC, Delta). Spark takes a Parquet
+    schema from one file's footer: when ignoreCorruptFiles skips that file, it has none, so
+    then it reads every footer (mergeSchema), the corrupt ones skipped."""
+    try:
+        return spark.read.format(fmt).load(path)
+    except AnalysisException as exc:
+        if fmt != "parquet" or "UNABLE_TO_INFER_SCHEMA" not in _reason(exc) \
+                or not _skipping_corrupt(spark):
+            raise
+    return spark.read.option("mergeSchema", "true").parquet(path)
+
+
+def _skipping_corrupt(spark: SparkSession) -> bool:
+    """Whether Spark's readers skip unreadable files now (:func:`skipping_corrupt_files`)."""
+    return str(spark.conf.get("spark.sql.files.ignoreCorruptFiles", "false")).lower() == "true"
 
 
 def _refuse_parquet_read_as_text(cfg: Config, files: list[str]) -> None:
@@ -635,7 +660,9 @@ def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list
                           if fsutil.is_local(name) else name).rstrip("/")
     nested = [f[len(root):].strip("/") for f in sorted(set(map(normalize_path, under)) - set(read))
               if f.startswith(root + "/")]
-    left_out = [f"{root}/{f}" for f in nested if "/" in f]  # in a subfolder
+    # in a subfolder; when nothing was read (the read failed), in a plain one (not key=value)
+    left_out = [f"{root}/{f}" for f in nested if "/" in f
+                and (read or not all("=" in d for d in f.split("/")[:-1]))]
     if left_out:
         sub_dir = left_out[0][len(root):].strip("/").split("/")[0]
         raise ConfigError(
