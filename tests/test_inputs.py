@@ -329,12 +329,39 @@ def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
                                               f"{why}$"):
             read_parquet(None, str(tmp_path / f"{name}.parquet"))
     # rows without a usable count or word are left out, and said so
-    pq.write_table(pa.table({"word": ["ab", None, "", "cd", "ef"], "count": [2, 5, 5, None, -1]}),
+    # (and a null count costs the other counts nothing: 2**60 + 1 stays exact, not a float)
+    pq.write_table(pa.table({"word": ["ab", None, "", "cd", "ef", "gh"],
+                             "count": [2, 5, 5, None, -1, 2**60 + 1]}),
                    tmp_path / "holes.parquet")
     with caplog.at_level(logging.WARNING, logger="pipeline.count.external"):
         kept = canonical(read_parquet(None, str(tmp_path / "holes.parquet")))
-    assert kept.column("word").to_pylist() == [b"ab"] and kept.column("count").to_pylist() == [2]
-    assert "left out 4 of 5 rows (a count below 1, or an empty or null word)" in caplog.text
+    assert kept.column("word").to_pylist() == [b"ab", b"gh"]
+    assert kept.column("count").to_pylist() == [2, 2**60 + 1]
+    assert "left out 4 of 6 rows (a count below 1 or null, or an empty or null word)" \
+        in caplog.text
+    # first_seen for some rows only (nulls, or files with and without it): positions and row
+    # numbers do not mix, so refused; the same for TSV lines with and without a third column
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(pa.table({"word": ["b", "a"], "count": [5, 5], "first_seen": [10, 0]}),
+                   tmp_path / "mixed" / "p0.parquet")
+    pq.write_table(pa.table({"word": ["c"], "count": [5]}), tmp_path / "mixed" / "p1.parquet")
+    with pytest.raises(ConfigError, match="mixed: first_seen is missing for 1 of 3 rows"):
+        read_parquet(None, str(tmp_path / "mixed"))
+    (tmp_path / "mixed.tsv").write_text("b\t5\t10\na\t5\t0\nc\t5\n")
+    with pytest.raises(ConfigError, match=r"mixed\.tsv line 3 has no first_seen column, unlike "
+                                          "the lines before it"):
+        read_tsv(str(tmp_path / "mixed.tsv"))
+    # where the order came from, as the import logs it
+    from pipeline.count.external import first_seen_origin
+
+    assert first_seen_origin(read_parquet(None, str(tmp_path / "mixed" / "p0.parquet"))) \
+        == "its first_seen column"
+    assert first_seen_origin(read_parquet(None, str(tmp_path / "mixed" / "p1.parquet"))) \
+        == "its row order"
+    (tmp_path / "t3.tsv").write_text("b\t5\t10\na\t5\t0\n")
+    assert first_seen_origin(read_tsv(str(tmp_path / "t3.tsv"))) == "its first_seen column"
+    (tmp_path / "t2.tsv").write_text("b\t5\na\t5\n")
+    assert first_seen_origin(read_tsv(str(tmp_path / "t2.tsv"))) == "its row order"
     # a run directory given where its word table belongs: said so
     from pipeline.count.external import import_word_table
 

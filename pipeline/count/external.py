@@ -4,11 +4,12 @@
 The table is taken as given (its words are the words: no split, no cap) and written once as
 a word table of ours in the run directory, so that everything after it (checkpoints, resume,
 outputs) works as for a counted corpus. The tie-break needs each word's first occurrence:
-``first_seen`` when the table has it (only its order matters), otherwise the table's own row
-order (files by path, rows in file order). A word listed twice is counted once with the summed
-count and the earlier position.
+``first_seen`` when the table has it (only its order matters; for every row, or the table is
+refused), otherwise the table's own row order (files by path, rows in file order). A word
+listed twice is counted once with the summed count and the earlier position.
 
-TSV lines are ``word<TAB>count`` or ``word<TAB>count<TAB>first_seen``; the word may hold any
+TSV lines are ``word<TAB>count`` or ``word<TAB>count<TAB>first_seen`` (one or the other in
+the whole table); the word may hold any
 character but tab, newline, carriage return and backslash, which are written ``\\t``, ``\\n``,
 ``\\r`` and ``\\\\``. Blank lines are skipped; any other malformed line is an error naming its
 file and line.
@@ -119,6 +120,7 @@ def read_tsv(path: str, spark=None) -> pa.Table:
     counts: list[int] = []
     firsts: list[int] = []
     found = False
+    given: bool | None = None  # whether the lines have a first_seen column
     f, n = path, 0
     try:
         for f, lines in (_local_tsv(path) if fsutil.is_local(path) or spark is None
@@ -128,21 +130,44 @@ def read_tsv(path: str, spark=None) -> pa.Table:
                 line = line.rstrip("\n").rstrip("\r")
                 if n == 1:
                     line = line.removeprefix("\ufeff")  # a byte-order mark is not a word's
-                if line:
-                    _tsv_line(line, f, n, words, counts, firsts)
+                if not line:
+                    continue
+                third = _tsv_line(line, f, n, words, counts, firsts)
+                if given is None:
+                    given = third
+                elif third != given:  # (positions and row numbers do not mix)
+                    raise ConfigError(
+                        f"config key 'words': {f} line {n} has {'a' if third else 'no'} "
+                        "first_seen column, unlike the lines before it: give first_seen on "
+                        "every line or on none")
     except (OSError, EOFError) as exc:  # a truncated .gz, a file that cannot be read
         raise ConfigError(f"config key 'words': {f} cannot be read after line {n}: "
                           f"{type(exc).__name__}: {exc}") from None
     if not found:
         raise ConfigError(f"config key 'words': no TSV files ({', '.join(TSV_SUFFIXES)}) in "
                           f"{path}")
-    return pa.table({"word": pa.array(words, pa.binary()), "count": pa.array(counts, pa.int64()),
-                     "first_seen": pa.array(firsts, pa.int64())})
+    return _with_origin(pa.table({"word": pa.array(words, pa.binary()),
+                                  "count": pa.array(counts, pa.int64()),
+                                  "first_seen": pa.array(firsts, pa.int64())}), bool(given))
+
+
+_ORIGIN = b"spark_bpe.first_seen"  # schema metadata: where a read table's first_seen came from
+
+
+def _with_origin(table: pa.Table, given: bool) -> pa.Table:
+    return table.replace_schema_metadata({_ORIGIN: b"column" if given else b"row order"})
+
+
+def first_seen_origin(table: pa.Table) -> str:
+    """How :func:`read_tsv` or :func:`read_parquet` got ``table``'s first_seen, for the log."""
+    given = (table.schema.metadata or {}).get(_ORIGIN) == b"column"
+    return "its first_seen column" if given else "its row order"
 
 
 def _tsv_line(line: str, f: str, n: int, words: list[bytes], counts: list[int],
-              firsts: list[int]) -> None:
-    """Line ``n`` of TSV file ``f`` appended to the columns, or a ConfigError naming it."""
+              firsts: list[int]) -> bool:
+    """Line ``n`` of TSV file ``f`` appended to the columns, or a ConfigError naming it;
+    whether the line gave its first_seen."""
     parts = line.split("\t")
     try:  # (an empty word is left out by canonical)
         if len(parts) not in (2, 3) or not all(_INTEGER.fullmatch(p) for p in parts[1:]):
@@ -162,6 +187,7 @@ def _tsv_line(line: str, f: str, n: int, words: list[bytes], counts: list[int],
     words.append(word)
     counts.append(count)
     firsts.append(first)
+    return len(parts) == 3
 
 
 def read_parquet(spark, path: str) -> pa.Table:
@@ -176,7 +202,8 @@ def read_parquet(spark, path: str) -> pa.Table:
     else:  # in the local read's order (files by path, rows in file order): it breaks ties
         from pyspark.sql import functions as F
 
-        df = spark.read.parquet(fsutil.spark_path(path))
+        # (every file's columns: a schema from one file could miss first_seen)
+        df = spark.read.option("mergeSchema", "true").parquet(fsutil.spark_path(path))
         t = (df.select(*df.columns, F.col("_metadata.file_path").alias("_spark_bpe_file"),
                        F.col("_metadata.row_index").alias("_spark_bpe_row"))
              .orderBy("_spark_bpe_file", "_spark_bpe_row").toArrow()
@@ -197,8 +224,12 @@ def read_parquet(spark, path: str) -> pa.Table:
                               f"{t.column(name).type}, not integers")
     if pa.types.is_string(word.type) or pa.types.is_large_string(word.type):
         word = pc.cast(word, pa.binary())
-    first = (t.column("first_seen") if "first_seen" in t.column_names
-             else pa.array(np.arange(t.num_rows, dtype=np.int64)))
+    given = "first_seen" in t.column_names
+    first = t.column("first_seen") if given else pa.array(np.arange(t.num_rows, dtype=np.int64))
+    if first.null_count:  # (positions and row numbers do not mix)
+        raise ConfigError(f"config key 'words': {path}: first_seen is missing for "
+                          f"{first.null_count:,} of {t.num_rows:,} rows (null, or a file "
+                          "without the column): give first_seen for every row or for none")
     try:
         columns = {"count": pc.cast(t.column("count"), pa.int64()),
                    "first_seen": pc.cast(first, pa.int64())}
@@ -206,7 +237,7 @@ def read_parquet(spark, path: str) -> pa.Table:
         why = str(exc).strip().splitlines()[0]
         raise ConfigError(f"config key 'words': {path}: a count or first_seen over the 64-bit "
                           f"integers of a word table ({why})") from None
-    return pa.table({"word": word, **columns})
+    return _with_origin(pa.table({"word": word, **columns}), given)
 
 
 def canonical(table: pa.Table, special_tokens: Iterable[str] = ()) -> pa.Table:
@@ -215,12 +246,12 @@ def canonical(table: pa.Table, special_tokens: Iterable[str] = ()) -> pa.Table:
     out of text: learned here, they would make an ordinary token spelled as the special one),
     first_seen replaced by its dense rank (0, 1, 2, ...)."""
     words = table.column("word").combine_chunks()
-    counts = table.column("count").to_numpy()
+    counts = pc.fill_null(table.column("count"), 0).to_numpy()  # (int64: a null is no count)
     first = table.column("first_seen").to_numpy()
     keep = (counts > 0) & (pc.binary_length(words).to_numpy(zero_copy_only=False) > 0)
     if not keep.all():
-        log.warning("the external word table: left out %d of %d rows (a count below 1, or an "
-                    "empty or null word)", len(keep) - int(keep.sum()), len(keep))
+        log.warning("the external word table: left out %d of %d rows (a count below 1 or "
+                    "null, or an empty or null word)", len(keep) - int(keep.sum()), len(keep))
     special = np.zeros(len(keep), dtype=bool)
     for token in special_tokens:
         special |= pc.fill_null(pc.match_substring(words, token), False).to_numpy(
@@ -272,8 +303,9 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
                           f"({parquet[0]}) files: a word table is one or the other; move one "
                           "kind elsewhere")
     is_tsv = source.endswith(TSV_SUFFIXES) or bool(tsv)
-    table = canonical(read_tsv(source, spark) if is_tsv else read_parquet(spark, source),
-                      cfg.special_tokens)
+    raw = read_tsv(source, spark) if is_tsv else read_parquet(spark, source)
+    origin = first_seen_origin(raw)
+    table = canonical(raw, cfg.special_tokens)
     if table.num_rows == 0:
         raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
     if before_replacing is not None and fsutil.is_object_store(dest):
@@ -295,16 +327,5 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
 
     publish_word_table(spark, tmp, dest, meta, stats, check=check_and_prepare)
     log.info("imported the external word table %s: %d distinct words, %d words (first-seen "
-             "order: %s) -> %s", source, table.num_rows, words,
-             "its first_seen column" if _has_first_seen(source, is_tsv) else "its row order",
-             dest)
+             "order: %s) -> %s", source, table.num_rows, words, origin, dest)
     return meta
-
-
-def _has_first_seen(source: str, is_tsv: bool) -> bool:
-    if is_tsv:
-        return False  # (the row order, or a third column: both give the positions used)
-    try:
-        return "first_seen" in pq.read_schema(_files(source, (".parquet",))[0]).names
-    except Exception:  # noqa: BLE001 - only for the log line
-        return False
