@@ -1,4 +1,4 @@
-"""spark-submit jobs/encode.py --tokenizer RUN_DIR --input PATH --output PATH [options]
+"""spark-submit jobs/encode.py --tokenizer RUN_DIR --input PATH[,PATH...] --output PATH [options]
 
 Encodes every row of a corpus (Parquet, or --input-format json|text|orc|csv|delta) with a
 trained run into Parquet: writes the row's key columns

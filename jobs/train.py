@@ -1,4 +1,4 @@
-"""spark-submit jobs/train.py (--input PATH | --input-table NAME | --words WORDS_DIR)
+"""spark-submit jobs/train.py (--input PATH[,PATH...] | --input-table NAME | --words WORDS_DIR)
     --output RUN_DIR (--vocab-size N | --num-merges N) [options]
 
 Trains a byte-level BPE tokenizer end to end and writes a run directory. With no corpus given

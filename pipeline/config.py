@@ -298,7 +298,7 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
             raise ValueError(value)
         if kind == "list[str]":
             if isinstance(value, str):
-                return [s for s in value.split(",") if s] if value else []
+                return value.split(",") if value else []  # (an empty item is an error)
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 return list(value)
             raise ValueError(value)
@@ -571,7 +571,21 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     _check_numbers(cfg)
     if job == TRAIN:
         _check_merges_wanted(cfg)
+    if job == ENCODE:
+        _need(all(cfg.key_columns), "config key 'key_columns' has an empty column name")
+    if job == ENCODE and cfg.num_partitions and cfg.input_format == "text" \
+            and not (cfg.input_table or frame):  # (other formats: known once read)
+        raise unnumbered_repartition("text")
     return cfg
+
+
+def unnumbered_repartition(kind: str) -> ConfigError:
+    """The encode job's refusal to repartition an input keyed by where its rows were read."""
+    return ConfigError(
+        f"config key 'num_partitions': a {kind} input whose only column is the text is keyed "
+        "(file, block, row), its rows numbered as its files are read, so it cannot be "
+        "repartitioned first; leave num_partitions at 0 (Spark reads each block of a file, or "
+        "each file it cannot split, in a task of its own)")
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -696,9 +710,9 @@ def _check_split(cfg: Config) -> None:
         raise ConfigError(f"config key 'pattern': {exc}") from None
     _need(not cfg.end_of_word_suffix or cfg.alphabet == "chars",
           "config key 'end_of_word_suffix' needs alphabet = 'chars'")
+    _need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
     _need(len(set(cfg.special_tokens)) == len(cfg.special_tokens),
           "config key 'special_tokens' has duplicates")
-    _need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
     _check_special_tokens(cfg)
 
 

@@ -44,6 +44,7 @@ mostly the encoding itself (the stage's tokens/s against single-thread tiktoken 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -66,7 +67,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipeline import fsutil
-from pipeline.config import ENCODE, Config, ConfigError, check_output_place
+from pipeline.config import ENCODE, Config, ConfigError, check_output_place, unnumbered_repartition
 from pipeline.count.corpus import (
     check_local_footers,
     check_text_column,
@@ -330,11 +331,11 @@ class BatchEncoder:
                 self.tk = tiktoken.Encoding(**plan.tiktoken_args)
                 if _tiktoken_version(tiktoken) < TIKTOKEN_LINEAR_SINCE:
                     self.piece_split = Pretokenizer(PretokenizerSpec(plan.meta["pattern"]))
-        meta = plan.meta
+        spec = dataclasses.replace(PretokenizerSpec.from_meta(plan.meta), pattern="none",
+                                   special_tokens=())  # (only its lowercase, normalization)
         self.prepare = None
-        if meta["lowercase"] or meta["normalization"] != "none":
-            self.prepare = Pretokenizer(PretokenizerSpec(
-                "none", (), meta["lowercase"], meta["normalization"])).prepare
+        if spec.lowercase or spec.normalization != "none":
+            self.prepare = Pretokenizer(spec).prepare
         self.specials = list(self.ref.special_ids)
         self.special_re = special_token_pattern(self.specials)
 
@@ -724,12 +725,7 @@ def _spark_source(spark: SparkSession, cfg: Config, bc: Broadcast,
                           "choose another name (--ids-column NAME)")
     if numbered:  # rows are numbered in the order each task reads its blocks: no shuffle first
         if cfg.num_partitions:
-            raise ConfigError(
-                f"config key 'num_partitions': a {format_name(cfg)} input whose only column is "
-                "the text is keyed (file, block, row), its rows numbered as its files are "
-                "read, so it cannot be repartitioned first; leave num_partitions at 0 (Spark "
-                "reads each block of a file, or each file it cannot split, in a task of its "
-                "own)")
+            raise unnumbered_repartition(format_name(cfg))
         return _Source(src, keys, rows, bc, numbered=True)
     if cfg.num_partitions:
         src = src.repartition(cfg.num_partitions)

@@ -206,7 +206,7 @@ class Stage:
                 if event == "beat":
                     old = [i for i, p in enumerate(self.points) if now - p[0] >= 1]
                     self.points = self.points[old[-1] if old else 0:] + [(now, done)]
-            rec.update((k, v) for k, v in self.fields.items() if v is not None)
+            rec.update((k, v) for k, v in self.fields.items() if v not in (None, ""))
             parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]
             detail = ", ".join(parts)
         if event == "start":

@@ -609,3 +609,36 @@ def test_numpy_booleans_are_booleans():
 
     assert _coerce("lowercase", "bool", np.True_) is True
     assert _coerce("lowercase", "bool", np.bool_(False)) is False
+
+
+def test_encode_refuses_to_repartition_a_text_input_before_spark():
+    """A text input has only its text column, so the encode job keys it by where its rows
+    were read and cannot repartition it: refused by the config check, not after Spark
+    started (the same message the job gives for a JSON or CSV input found to have one
+    column)."""
+    args = ("--input", str(REPO / "data" / "sample"), "--tokenizer", "t", "--output", "o")
+    text = resolve([*args, "--input-format", "text", "--num-partitions", "4"], job="encode")
+    with pytest.raises(ConfigError, match="config key 'num_partitions': a text input whose "
+                                          "only column is the text"):
+        validate(text, "encode")
+    validate(resolve([*args, "--input-format", "text"], job="encode"), "encode")
+    validate(resolve([*args, "--input-format", "json", "--num-partitions", "4"], job="encode"),
+             "encode")  # (JSON may have key columns: known once read)
+
+
+def test_an_empty_item_in_a_list_flag_is_an_error_as_in_a_config_file(tmp_path):
+    """``--special-tokens '<|a|>,'`` dropped the empty item and trained without a word; a
+    config file's ``["<|a|>", ""]`` was an error. Both are errors now; an empty flag is still
+    "none"."""
+    base = ("--input", str(REPO / "data" / "sample"), "--output", "o", "--vocab-size", "300")
+    for value in ("<|a|>,", ",", "<|a|>,,<|b|>"):
+        with pytest.raises(ConfigError, match="^config key 'special_tokens' has an empty token$"):
+            validate(resolve([*base, f"--special-tokens={value}"]), "train")
+    f = tmp_path / "c.toml"
+    f.write_text('special_tokens = ["<|a|>", ""]\n')
+    with pytest.raises(ConfigError, match="^config key 'special_tokens' has an empty token$"):
+        validate(resolve([*base, "--config", str(f)]), "train")
+    assert validate(resolve([*base, "--special-tokens", ""]), "train").special_tokens == []
+    enc = ("--input", str(REPO / "data" / "sample"), "--tokenizer", "t", "--output", "o")
+    with pytest.raises(ConfigError, match="^config key 'key_columns' has an empty column name$"):
+        validate(resolve([*enc, "--key-columns", "id,"], job="encode"), "encode")

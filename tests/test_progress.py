@@ -26,9 +26,11 @@ def test_a_stage_beats_at_most_every_interval_and_ends_with_a_summary(tmp_path, 
     prog = Progress("test", str(jsonl), every=0.2, bar=False)
     with prog.stage("merges", total=100, unit="merges") as st:
         for i in range(1, 101):
-            st.update(i, last="a+b")
+            st.update(i, last="a+b", note="", rows=0, eta_x=None)
             time.sleep(0.005)  # 0.5 s in all: about 2 beats, not 100
     events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    # a field with no value is left out (not null, not ""); a zero is a value
+    assert all("note" not in e and "eta_x" not in e and e["rows"] == 0 for e in events[1:])
     beats = [e for e in events if e["event"] == "beat"]
     assert 1 <= len(beats) <= 5
     assert events[0]["event"] == "start" and events[-1]["event"] == "end"
