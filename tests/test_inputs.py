@@ -168,6 +168,29 @@ def test_parquet_files_given_to_a_text_reader_are_one_config_error(spark, tmp_pa
     assert not (tmp_path / "w").exists()
 
 
+def test_files_that_give_only_null_text_are_named(spark, tmp_path, caplog):
+    """A file without the text column (JSON lines without the key; on HDFS or S3, where no
+    footer is read before, a Parquet file of other columns) reads as null rows through Spark's
+    reader: the count names such files in the log and in stats.json instead of counting
+    them silently as nulls. A file with some null rows is not one of them."""
+    import json
+
+    lines = sample_lines(40)
+    d = tmp_path / "js"
+    d.mkdir()
+    (d / "a.json").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines[:20]))
+    (d / "b.json").write_text("".join(json.dumps({"body": t}) + "\n" for t in lines[20:30]))
+    (d / "c.json").write_text("".join(json.dumps({"text": t if i % 2 else None}) + "\n"
+                                      for i, t in enumerate(lines[30:])))
+    with caplog.at_level(logging.WARNING, logger="pipeline.count.word_count"):
+        count_words(spark, Config(input=str(d), input_format="json", output=str(tmp_path / "w")))
+    stats = json.loads((tmp_path / "w" / "stats.json").read_text())
+    assert [f.rsplit("/", 1)[1] for f in stats["files_of_null_text"]] == ["b.json"]
+    assert stats["null_rows"] == 15 and not any(k.startswith("file_null_rows") for k in stats)
+    assert "1 input files gave only null text (listed in stats.json), e.g. " in caplog.text
+    assert "b.json: a file without the 'text' column reads that way" in caplog.text
+
+
 def test_a_catalog_table_gives_the_parquet_merges(spark, formats, tmp_path):
     spark.sql(f"CREATE TABLE IF NOT EXISTS corpus_t USING parquet LOCATION "
               f"'{formats['parquet']}/a'")

@@ -35,6 +35,7 @@ KIND_WORD, KIND_STAT, KIND_MAX = 0, 1, 2  # a word; a summed statistic; a maximu
 # per (file, split) of Spark's reader: the rows it holds (summed), and the largest row index
 # (within the split) that has words (a maximum); names end in ":<file>:<block>"
 SPLIT_ROWS, SPLIT_LAST_ROW = "split_rows:", "split_last_row:"
+NULL_ROWS_OF = "file_null_rows:"  # a Spark-reader task's statistic: null rows of file i
 
 
 BLOB_ROWS = 1 << 16  # words per partial-count batch: about 3 MB of Arrow

@@ -52,6 +52,7 @@ from pipeline.count.corpus import (
 )
 from pipeline.count.merge import merge_partials, merge_with_spark
 from pipeline.count.partials import (
+    NULL_ROWS_OF,
     PARTIAL_ARROW_SCHEMA,
     PARTIAL_SCHEMA,
     SPLIT_LAST_ROW,
@@ -199,8 +200,10 @@ class _SplitCounts:
             return None
         self.wc = None
         self.rows_of[split] = self.base + wc.stats.rows
-        for key in (f"file_rows:{split[0]}", f"{SPLIT_ROWS}{split[0]}:{split[1]}"):
-            self.file_rows[key] = self.file_rows.get(key, 0) + wc.stats.rows
+        for key, n in ((f"file_rows:{split[0]}", wc.stats.rows),
+                       (f"{NULL_ROWS_OF}{split[0]}", wc.stats.null_rows),
+                       (f"{SPLIT_ROWS}{split[0]}:{split[1]}", wc.stats.rows)):
+            self.file_rows[key] = self.file_rows.get(key, 0) + n
         if wc.counts or wc.stats.long_words:  # (max_row: the last row with words)
             key = f"{SPLIT_LAST_ROW}{split[0]}:{split[1]}"
             self.last_rows[key] = max(self.last_rows.get(key, 0), wc.max_row)
@@ -531,6 +534,16 @@ def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
         raise
 
 
+def _files_of_nulls(stats: dict[str, int], files: list[str]) -> list[str]:
+    """The files Spark's reader gave rows of only null text (removing the per-file null counts
+    from ``stats``): a file without the text column (a Parquet or CSV file of other columns,
+    JSON lines without the key) reads that way, indistinguishable from one of null rows."""
+    nulls = {int(k[len(NULL_ROWS_OF):]): stats.pop(k) for k in list(stats)
+             if k.startswith(NULL_ROWS_OF)}
+    return sorted(files[i] for i, n in nulls.items()
+                  if n and n == stats.get(f"file_rows:{i}", 0))
+
+
 def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list[str],
                    spark_read: bool, ignore: bool, parquet: bool = True) -> list[str]:
     """The unreadable input files left out (``ignore_corrupt_files``), from the listing and
@@ -611,6 +624,12 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
     if merged is not None:  # (a Spark merge writes the table as it aggregates)
         log.info("wrote the word table in %.1f s", time.time() - t_count)
     stats["unique_words"] = unique_words
+    stats["files_of_null_text"] = _files_of_nulls(stats, files)
+    if stats["files_of_null_text"]:
+        log.warning("%d input files gave only null text (listed in stats.json), e.g. %s: a "
+                    "file without the %r column reads that way; check that they hold it",
+                    len(stats["files_of_null_text"]), stats["files_of_null_text"][0],
+                    cfg.text_column)
     stats["skipped_files"] = _skipped_files(stats, files, source.skipped,
                                             plan is None and corpus.by_file,
                                             cfg.ignore_corrupt_files,
