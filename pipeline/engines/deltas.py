@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.engines.local import first_of_runs
+from pipeline.engines.local import group_sum
 
 
 @dataclass
@@ -36,13 +36,11 @@ def combine(x: PairDeltas, y: PairDeltas) -> PairDeltas:
     (:func:`combine_entry` for one pair)."""
     keys = np.concatenate([x.keys, y.keys])
     part = np.concatenate([x.part, y.part])
-    order = np.lexsort((part, keys))
-    keys, part = keys[order], part[order]
-    deltas = np.concatenate([x.deltas, y.deltas])[order]
-    mins = np.concatenate([x.min_pos, y.min_pos])[order]
-    starts = np.flatnonzero(first_of_runs(keys))
-    sums = np.add.reduceat(deltas, starts) if len(starts) else deltas[:0]
-    return PairDeltas(keys[starts], sums, part[starts], mins[starts], x.removed + y.removed,
+    keys, sums, order, starts = group_sum(keys, np.concatenate([x.deltas, y.deltas]),
+                                          np.lexsort((part, keys)))  # lowest partition first
+    first = order[starts]
+    mins = np.concatenate([x.min_pos, y.min_pos])
+    return PairDeltas(keys, sums, part[first], mins[first], x.removed + y.removed,
                       x.tokens + y.tokens, max(x.work, y.work))
 
 

@@ -74,11 +74,13 @@ def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
 
 
 def group_sum(
-    keys: np.ndarray, weights: np.ndarray
+    keys: np.ndarray, weights: np.ndarray, order: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Group ``keys`` with a stable sort: (unique keys, int64 weight sums, sort order, group
-    starts in sorted order). Positions sorted before grouping stay sorted inside each group."""
-    order = np.argsort(keys, kind="stable")
+    """Group ``keys`` with a stable sort (or ``order``, one that sorts ``keys``): (unique keys,
+    int64 weight sums, sort order, group starts in sorted order). Positions sorted before
+    grouping stay sorted inside each group."""
+    if order is None:
+        order = np.argsort(keys, kind="stable")
     ks = keys[order]
     if len(ks) == 0:
         return ks, np.zeros(0, dtype=np.int64), order, np.zeros(0, dtype=np.int64)
