@@ -224,26 +224,42 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
                     engine_decision=why, budget=budget, stages=stages)
     guard()  # (the count may have taken long: the directory may be another run's by now)
     fsutil.remove_temp_files(spark, cfg.output)  # (a killed run's)
-    done = run_summary(cfg.output, spark)
-    if (done and done.get("fingerprint") == fp and done.get("merges_wanted") == target
-            and cfg.resume != "never" and complete_run_still_valid(spark, cfg, done)):
-        prep.done = done
+    prep.done = _already_done(spark, prep)
+    if prep.done is not None:
         return prep
-    ckpt.clean_temp()
-    if cfg.resume == "never":
-        ckpt.clear()
-    else:
-        loaded = ckpt.load(legacy_digest=functools.cache(lambda: legacy_digest(
-                               wt.table if wt.table is not None else words())))
-        if loaded:
-            prep.prior, prep.prior_removed = loaded[0][:target], loaded[1][:target]
-            if len(loaded[0]) >= target:
-                log.info("the checkpoint already holds %d merges: serving the first %d "
-                         "without training", len(loaded[0]), target)
+    _resume_from_checkpoint(prep)
     log.info(why)
     log.info("training %d merges (%d from checkpoint) on %d words / %d symbols, engine %s",
              target, len(prep.prior), wt.meta.get("unique_words", -1), symbols, engine)
     return prep
+
+
+def _already_done(spark: SparkSession, prep: Prepared) -> dict | None:
+    """run.json of the complete run in the output that this command would make again (same
+    fingerprint and merges, outputs still as published), else None."""
+    cfg, done = prep.cfg, run_summary(prep.cfg.output, spark)
+    if (done and done.get("fingerprint") == prep.fingerprint
+            and done.get("merges_wanted") == prep.target and cfg.resume != "never"
+            and complete_run_still_valid(spark, cfg, done)):
+        return done
+    return None
+
+
+def _resume_from_checkpoint(prep: Prepared) -> None:
+    """The merges already checkpointed (at most the target) into ``prep``; with resume =
+    never, the checkpoints cleared instead."""
+    ckpt, wt = prep.checkpointer, prep.table
+    ckpt.clean_temp()
+    if prep.cfg.resume == "never":
+        ckpt.clear()
+        return
+    loaded = ckpt.load(legacy_digest=functools.cache(lambda: legacy_digest(
+                           wt.table if wt.table is not None else prep.words())))
+    if loaded:
+        prep.prior, prep.prior_removed = loaded[0][:prep.target], loaded[1][:prep.target]
+        if len(loaded[0]) >= prep.target:
+            log.info("the checkpoint already holds %d merges: serving the first %d without "
+                     "training", len(loaded[0]), prep.target)
 
 
 class MergeLog:
