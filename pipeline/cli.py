@@ -199,6 +199,30 @@ def on_jvm_shutdown() -> None:
     _unwound.wait(JVM_HOLD_SECONDS)
 
 
+def _wait_for_pipes_read(timeout: float = 2.0) -> None:
+    """Under spark-submit this driver's stdout and stderr are pipes a JVM thread copies to the
+    JVM's own stdout; the JVM does not wait for that thread when it exits. Before the shutdown
+    hook lets the JVM go on, wait (at most ``timeout``) until the JVM has read all we wrote,
+    so that the job's last line is not cut off (called by the main thread: this process must
+    not exit while the JVM's shutdown hook still waits in it)."""
+    import fcntl
+    import stat
+    import struct
+    import termios
+    import time
+
+    deadline = time.monotonic() + timeout
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                continue
+            while time.monotonic() < deadline:  # FIONREAD: bytes not read from the pipe yet
+                if not struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]:
+                    break
+                time.sleep(0.01)
+    time.sleep(0.05)  # (read, and now being written out by the JVM's thread)
+
+
 def prefer_installed_pyspark() -> None:
     """Import PySpark from its installed package rather than from the zips spark-submit puts
     first on ``sys.path`` when both are the same installation (a pip-installed pyspark ships
@@ -248,6 +272,8 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if _from_jvm.is_set():  # the JVM is exiting: our last line must reach its stdout first
+            _wait_for_pipes_read()
         _unwound.set()
         spark_session.release_jvm_shutdown_hook()
 

@@ -757,7 +757,9 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
 
 @pytest.mark.parametrize("args,message", [
     (["--special-tokens", "<|a|>,<|a|>"], "config key 'special_tokens' has duplicates"),
-    (["--special-tokens", "<x>,"], None),  # an empty item after a comma is dropped
+    # an empty item is an error, as in a config file (--special-tokens "$A,$B" with B unset
+    # would train without B, silently)
+    (["--special-tokens", "<x>,"], "config key 'special_tokens' has an empty token"),
     (["--special-tokens", "<|a,<|a|>"], "config key 'special_tokens': '<|a' is a prefix of "
                                         "'<|a|>'"),
     (["--special-tokens", "<|a|>,e"], "config key 'special_tokens': 'e' is also the token of "
