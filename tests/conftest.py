@@ -28,7 +28,7 @@ def need(ok: bool, reason: str) -> None:
         return
     if IN_CI:
         pytest.fail(f"missing under CI (CI=true): {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)  # (also where a module imports)
 
 
 def need_module(name: str):

@@ -202,7 +202,7 @@ def shared_corpus(tmp_path_factory) -> Path:
 
 
 _REFERENCE: dict[tuple[str, int], Path] = {}
-_ORACLE: dict[str, tuple[int, list]] = {}  # corpus -> (merges asked, the oracle's merge list)
+_ORACLE: dict[tuple, tuple[int, list]] = {}  # (corpus, settings) -> (merges asked, merge list)
 
 
 def gpt2_spelling(token: bytes) -> str:
@@ -219,15 +219,17 @@ def gpt2_spelling(token: bytes) -> str:
 def oracle_merges(corpus: Path, cfg) -> list:
     """The merge list ``pipeline.bpe.train_oracle`` learns from a naive count of ``corpus``
     (tests/naive_count.py; files sorted by path) with the run's settings: no counting or
-    training code in common with the pipeline's engines. Computed once per corpus for the
-    longest list asked (a shorter one is its prefix); about 2 s for 200 merges here."""
+    training code in common with the pipeline's engines. Computed once per corpus and settings
+    for the longest list asked (a shorter one is its prefix); about 2 s for 200 merges here."""
     from pipeline.bpe import initial_words, train_oracle
 
     from .naive_count import naive_count
 
     assert cfg.alphabet == "bytes" and not cfg.num_merges, "the oracle here: bytes, vocab_size"
     wanted = cfg.vocab_size - 256 - len(cfg.special_tokens)
-    asked, merges = _ORACLE.get(str(corpus), (0, []))
+    key = (str(corpus), cfg.text_column, cfg.pattern, tuple(cfg.special_tokens), cfg.lowercase,
+           cfg.normalization, cfg.max_word_bytes, cfg.min_pair_count, cfg.max_token_bytes)
+    asked, merges = _ORACLE.get(key, (0, []))
     if asked < wanted:
         files = sorted(corpus.glob("*.parquet"))
         table = naive_count([pq.read_table(f).column(cfg.text_column).to_pylist()
@@ -237,7 +239,7 @@ def oracle_merges(corpus: Path, cfg) -> list:
         ids, base = initial_words(words)
         merges = train_oracle(ids, [table.counts[w] for w in words], base.tokens, wanted,
                               cfg.min_pair_count, cfg.max_token_bytes or None)
-        _ORACLE[str(corpus)] = (wanted, merges)
+        _ORACLE[key] = (wanted, merges)
     return merges[:wanted]
 
 

@@ -144,7 +144,20 @@ def brute_force_train(occurrences: list[list[int]], vocab_size: int, num_merges:
             break
         t = vocab_size + step
         out.append((a, b, c))
-        seqs = [merge_word(s, a, b, t) for s in seqs]
+        seqs = [_replace_pair(s, a, b, t) for s in seqs]
+    return out
+
+
+def _replace_pair(seq: list[int], a: int, b: int, t: int) -> list[int]:
+    """Every (a, b) in ``seq``, left to right, replaced by t (written here, not bpe's)."""
+    out, i = [], 0
+    while i < len(seq):
+        if i + 1 < len(seq) and seq[i] == a and seq[i + 1] == b:
+            out.append(t)
+            i += 2
+        else:
+            out.append(seq[i])
+            i += 1
     return out
 
 

@@ -37,24 +37,27 @@ def test_command_line_wins_over_files(tmp_path):
     assert cfg("--words", "w", "--output", "o").input == ""
 
 
-@pytest.mark.parametrize("argv,key", [
-    (["--vocab-size", "abc"], "vocab_size"),
-    (["--vocab-size", "200"], "vocab_size"),
-    (["--vocab-size", "257"], "vocab_size"),  # 256 bytes + 1 special token = no merges
-    (["--pattern", "(unclosed"], "pattern"),
-    (["--engine", "gpu"], "engine"),
-    (["--normalization", "NFX"], "normalization"),
-    (["--alphabet", "words"], "alphabet"),
-    (["--end-of-word-suffix", "</w>"], "end_of_word_suffix"),
-    (["--min-pair-count", "0"], "min_pair_count"),
-    (["--input", "/definitely/not/here", "--output", "o"], "input"),
+@pytest.mark.parametrize("argv,message", [
+    (["--vocab-size", "abc"], "'vocab_size': expected int, got 'abc'"),
+    (["--vocab-size", "200"], "'vocab_size' = 200 leaves no merges"),
+    # 256 bytes + 1 special token = no merges
+    (["--vocab-size", "257"], "'vocab_size' = 257 leaves no merges: it must be more than 256 "
+                              "bytes + 1 special tokens = 257"),
+    (["--pattern", "(unclosed"], "'pattern': pattern '(unclosed' does not compile"),
+    (["--engine", "gpu"], "'engine' must be one of ('auto', 'spark', 'local'), not 'gpu'"),
+    (["--normalization", "NFX"], "'normalization' must be one of"),
+    (["--alphabet", "words"], "'alphabet' must be one of ('bytes', 'chars'), not 'words'"),
+    (["--end-of-word-suffix", "</w>"], "'end_of_word_suffix' needs alphabet = 'chars'"),
+    (["--min-pair-count", "0"], "'min_pair_count' must be >= 1"),
+    (["--input", "/definitely/not/here", "--output", "o"],
+     "'input': path does not exist: /definitely/not/here"),
     (["--output", "o", "--report-sample", "/definitely/not/held-out.parquet"],
-     "report_sample"),
-    (["--resume", "maybe"], "resume"),
-    (["--special-tokens", "<a>,<a>"], "special_tokens"),
+     "'report_sample': path does not exist: /definitely/not/held-out.parquet"),
+    (["--resume", "maybe"], "'resume' must be one of ('auto', 'never'), not 'maybe'"),
+    (["--special-tokens", "<a>,<a>"], "'special_tokens' has duplicates"),
 ])
-def test_invalid_values_name_the_key(argv, key):
-    with pytest.raises(ConfigError, match=f"'{key}'"):
+def test_invalid_values_name_the_key_and_the_reason(argv, message):
+    with pytest.raises(ConfigError, match="^config key " + re.escape(message)):
         validate(cfg(*argv), "train")
 
 

@@ -271,7 +271,7 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
         (dict(input=str(held_out), tokenizer=str(run_dir), output=out, text_column="body"),
          "column 'body' not in"),
         (dict(input=str(held_out), tokenizer=str(run_dir), output=out, ids_column="doc_id"),
-         "'ids_column'"),
+         "'ids_column': 'doc_id' is also a key column"),
         (dict(input=str(held_out), tokenizer=str(run_dir), output=str(run_dir)),
          "overlaps --tokenizer"),
         (dict(input=str(held_out), tokenizer=str(run_dir), output=out, special_in_text="drop"),
@@ -626,7 +626,8 @@ def test_json_csv_and_text_inputs_encode_row_for_row(spark, run_dir, tmp_path):
     assert all(rs == list(range(len(rs))) for rs in blocks.values())  # 0, 1, ... in each
     assert table.column("ids").to_pylist() == [oracle(ln) for ln in lines]
 
-    with pytest.raises(ConfigError, match="num_partitions"):
+    with pytest.raises(ConfigError, match="'num_partitions': a text input whose only column "
+                                          "is the text"):
         encode_corpus(spark, Config(input=str(src / "text"), input_format="text",
                                     output=str(tmp_path / "enc-text-2"),
                                     tokenizer=str(run_dir), num_partitions=3))

@@ -30,7 +30,7 @@ from pipeline.outputs import (
 from pipeline.patterns import PATTERNS
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec
 
-from .conftest import EN_DOCS, MULTILINGUAL, SAMPLE, need_corpus, need_module
+from .conftest import EN_DOCS, IN_CI, MULTILINGUAL, SAMPLE, need, need_corpus, need_module
 from .naive_count import naive_count
 
 tiktoken = need_module("tiktoken")
@@ -77,9 +77,11 @@ OTHER_SCRIPTS = ["Größe und Übermaß — ça coûte 12,50 € à Zürich.", "
 
 
 def rows_of(corpus: Path, shard: str, max_bytes: int) -> list[str]:
-    """Rows of a shared corpus, or of its stand-in when the shared corpora are absent."""
+    """Rows of a shared corpus, or of its stand-in when the shared corpora are absent (not
+    under CI, which runs on the real ones)."""
     if corpus.exists():
         return corpus_rows(corpus, shard, max_bytes)
+    need(not IN_CI, f"corpus not available: {corpus} (set SPARK_BPE_SHARED)")
     if corpus == EN_DOCS:
         return corpus_rows(SAMPLE, shard, max_bytes)
     return [f"{t} {shard} {i}" for i in range(200) for t in OTHER_SCRIPTS]

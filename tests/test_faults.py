@@ -636,6 +636,10 @@ def test_a_real_full_disk_and_a_read_only_one_end_in_one_line_and_resume(spark, 
     and ends with the reference's merges."""
     import subprocess
 
+    probe = tmp_path / "probe"  # (a skip comes before the reference run, not after it)
+    probe.mkdir()
+    mount_small_disk(probe, "4k")
+    subprocess.run(["umount", str(probe)], check=True)
     ref, run, args = first_run(spark, corpus, tmp_path, 100)
     ck = run / "checkpoints"
     kept = {f.name: f.read_bytes() for f in ck.iterdir()}

@@ -383,7 +383,7 @@ def test_a_run_refuses_its_checkpoints_while_another_run_checkpoints_there(spark
     assert list(ckdir.glob("merges-*.txt")) and not list(run.glob(".*lease.json"))
 
     fresh = tmp_path / "fresh"  # fails at once (vocab too small): no directory left behind
-    with pytest.raises(ConfigError, match="vocab_size"):
+    with pytest.raises(ConfigError, match="'vocab_size' = 10 leaves no merges"):
         train(spark, Config(input=str(tmp_path / "in"), output=str(fresh), vocab_size=10,
                             progress_bar=False))
     assert not (fresh / "checkpoints").exists()

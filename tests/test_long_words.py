@@ -164,6 +164,9 @@ def test_pathological_row_both_encoders(run_dir: Path, case: str):
         tk = enc.tk
         expected = [t for w in ref.words(text) for t in tk._encode_single_piece(w.encode())]
         assert ids == expected
+    if case == "letters":  # one word: tiktoken's BPE of a piece past LONG_WORD (the same path
+        piece = text[: 4 * encoder.LONG_WORD]  # of ours, merge_groups), 20 M would take long
+        assert ref.encode(piece) == enc.tk._encode_single_piece(piece.encode())
 
 
 @pytest.mark.slow
@@ -425,6 +428,9 @@ def test_duplicate_tokens_long_word_takes_the_heap(monkeypatch):
         raise AssertionError("merge_groups used on a table that is not grouped_ok")
 
     monkeypatch.setattr(encoder, "merge_groups", refused)
-    word = "xabcd abcdd bcabc " * (encoder.LONG_WORD // 10)
-    assert tok.encode(word) == merge_heap(list(word.encode()), tok.pair_ranks)
+    unit = "xabcd abcdd bcabc "  # (no merge takes x or a space: each unit encodes alone)
+    word = unit * (encoder.LONG_WORD // 10)
+    ranks = {(m.left, m.right): m.new_id for m in merges}  # ids are the ranks here
+    assert tok.encode(word) == encode_symbols(list(unit.encode()), ranks) * (
+        encoder.LONG_WORD // 10)  # the definition, not the heap against itself
     assert tok.decode(tok.encode(word)) == word

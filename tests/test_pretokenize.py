@@ -108,28 +108,24 @@ _ALPHABET = ["ab", "b", "cd", " ", "\n", "x1", "é", "<|endoftext|>", "'s", "  "
                           .map("".join)), max_size=12),
        st.integers(0, 40))
 def test_word_counter_matches_a_naive_scan(rows, extra):
-    """Counts, statistics and first-occurrence order of WordCounter equal a naive pass over
-    every match; ``extra`` distinct words in one row exercise the many-new-words path."""
+    """Counts, statistics and first occurrences (file, row, rank) of WordCounter equal the
+    naive counter's (tests/naive_count.py: no Pretokenizer, its own special-token cut and
+    split); ``extra`` distinct words in one row exercise the many-new-words path."""
+    from .naive_count import naive_count
+
     rows = list(rows) + [" ".join(f"w{i}" for i in range(extra)) + " ab"]
     pre = Pretokenizer(PretokenizerSpec("cl100k", ("<|endoftext|>",)))
     wc = WordCounter(pre)
     for i, r in enumerate(rows):
         wc.add_row(i, r)
-    counts: dict[str, int] = {}
-    order: dict[str, int] = {}
-    specials = 0
-    for r in rows:
-        if not r:
-            continue
-        specials += r.count("<|endoftext|>")
-        for w in pre.words(r):
-            counts[w] = counts.get(w, 0) + 1
-            order.setdefault(w, len(order))
-    assert wc.counts == counts
+    naive = naive_count([rows], special_tokens=["<|endoftext|>"])
+    assert {w.encode(): c for w, c in wc.counts.items()} == naive.counts
     first = dict(zip(wc.counts, zip(wc.first_file, wc.first_row, wc.first_rank)))
-    assert sorted(first, key=first.__getitem__) == list(order)
-    assert wc.stats.words == sum(counts.values())
-    assert wc.stats.special_tokens == specials
+    assert {w.encode(): f for w, f in first.items()} == naive.first
+    assert wc.stats.words == naive.stats["words"] == sum(naive.counts.values())
+    assert wc.stats.special_tokens == naive.stats["special_tokens"]
+    assert (wc.stats.rows, wc.stats.null_rows, wc.stats.empty_rows) == (
+        naive.stats["rows"], naive.stats["null_rows"], naive.stats["empty_rows"])
 
 
 # characters where the patterns' classes differ: \x1c-\x1f are str.isspace() but not \s in
