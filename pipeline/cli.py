@@ -269,13 +269,15 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         progress.on_stage_change = None
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        if _from_jvm.is_set():  # the JVM is exiting: our last line must reach its stdout first
-            _wait_for_pipes_read()
-        _unwound.set()
-        spark_session.release_jvm_shutdown_hook()
+        try:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            if _from_jvm.is_set():  # the JVM is exiting: our last line must reach it first
+                _wait_for_pipes_read()
+        finally:  # (a second Ctrl-C in the wait must not keep the JVM's hook waiting)
+            _unwound.set()
+            spark_session.release_jvm_shutdown_hook()
 
 
 def _run(job: str, description: str, body: Callable[[Config], int | None],

@@ -188,13 +188,19 @@ class Config:
     def inputs(self) -> list[str]:
         """The input sources: ``input`` split at the commas outside a Hadoop glob's braces
         (``a/,b/part-{0,1}.parquet`` is two sources)."""
+        return [s for s in self.input_items() if s]
+
+    def input_items(self) -> list[str]:
+        """``input`` split as :attr:`inputs` is, empty items kept (validation refuses them)."""
+        if not self.input.strip():
+            return []
         sources, depth, start = [], 0, 0
         for i, c in enumerate(self.input + ","):
             depth += (c == "{") - (c == "}" and depth > 0)
             if c == "," and depth == 0:
                 sources.append(self.input[start:i].strip())
                 start = i + 1
-        return [s for s in sources if s]
+        return sources
 
     def to_json(self, job: str, indent: int | None = 2) -> str:
         """The settings ``job`` takes (its flags), as JSON: what a run, a word table or an
@@ -291,10 +297,11 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
             if isinstance(value, bool):  # (float(True) is 1.0)
                 raise ValueError(value)
             return float(value)
-        if kind == "list[int]":
-            items = value.split(",") if isinstance(value, str) else value
+        if kind == "list[int]":  # (an empty item is an error: "2," is not [2])
+            items = (value.split(",") if value.strip() else []) if isinstance(value, str) \
+                else value
             if isinstance(items, (list, tuple)):
-                return [_int(v) for v in items if str(v).strip() != ""]
+                return [_int(v.strip() if isinstance(v, str) else v) for v in items]
             raise ValueError(value)
         if kind == "list[str]":
             if isinstance(value, str):
@@ -629,6 +636,8 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
         _need(os.path.exists(local_path(cfg.words)),
               f"config key 'words': no word table at {cfg.words}")
     _need(not cfg.input or bool(cfg.inputs), f"config key 'input': no path in {cfg.input!r}")
+    _need(all(cfg.input_items()), f"config key 'input' has an empty source (two commas, or "
+          f"one at an end): {cfg.input!r}")
     check_output_place(cfg.output, [("input", p) for p in cfg.inputs])
     _need(not cfg.words or same_or_inside(cfg.output, cfg.words) is None,
           f"config key 'output': {cfg.output} is in --words {cfg.words}; choose an output "

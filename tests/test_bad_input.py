@@ -411,6 +411,23 @@ def test_the_first_shard_corrupt_where_spark_reads_the_schema(spark, tmp_path):
                                           r"\S+keys are named after different columns"):
         train(spark, Config(input=str(keys), output=str(tmp_path / "k"), vocab_size=300,
                             progress_bar=False))
+    # a partition folder beside a plain one: Spark's CONFLICTING_DIRECTORY_STRUCTURES is our
+    # line naming the plain one's file; an empty folder under Spark's reader is not "corrupt"
+    (keys / "misc").mkdir()
+    pq.write_table(pa.table({"text": rows}), keys / "misc" / "part-0.parquet")
+    (keys / "year=2020" / "part-0.parquet").unlink()
+    with pytest.raises(ConfigError, match=r"^config key 'input': 1 files under \S+keys would not "
+                                          r"be read, in subfolders that are not partitions "
+                                          r"\(key=value\), e\.g\. \S+/keys/misc/part-0\.parquet"):
+        train(spark, Config(input=str(keys), output=str(tmp_path / "k2"), vocab_size=300,
+                            count_reader="spark", progress_bar=False))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_text("")
+    with pytest.raises(ConfigError, match=r"^config key 'input': no Parquet files under "
+                                          r"\S+empty \(an empty folder"):
+        train(spark, Config(input=str(tmp_path / "empty"), output=str(tmp_path / "e"),
+                            vocab_size=300, count_reader="spark", ignore_corrupt_files=True,
+                            progress_bar=False))
 
 
 def lake_with_a_file_damaged_part_way(folder) -> None:

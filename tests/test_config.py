@@ -645,3 +645,14 @@ def test_an_empty_item_in_a_list_flag_is_an_error_as_in_a_config_file(tmp_path):
     enc = ("--input", str(REPO / "data" / "sample"), "--tokenizer", "t", "--output", "o")
     with pytest.raises(ConfigError, match="^config key 'key_columns' has an empty column name$"):
         validate(resolve([*enc, "--key-columns", "id,"], job="encode"), "encode")
+    # the same for sources and weights ("$A,$B" with B unset)
+    sample = str(REPO / "data" / "sample")
+    with pytest.raises(ConfigError, match="^config key 'input' has an empty source"):
+        validate(resolve(["--input", f"{sample},", "--output", "o", "--vocab-size", "300"]),
+                 "train")
+    with pytest.raises(ConfigError,
+                       match=r"^config key 'input_weights': expected list\[int\], got '2,'"):
+        resolve(["--input", sample, "--input-weights", "2,", "--output", "o"])
+    two = validate(resolve(["--input", f"{sample}, {sample}", "--input-weights", " 2, 3",
+                            "--output", "o", "--vocab-size", "300"]), "train")
+    assert two.inputs == [sample, sample] and two.input_weights == [2, 3]

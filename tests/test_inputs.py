@@ -98,6 +98,15 @@ def test_csv_as_python_and_pandas_write_it(spark, tmp_path):
     count_words(spark, Config(input=str(tmp_path / "csv"), input_format="csv",
                               output=str(tmp_path / "got")))
     assert table_rows(tmp_path / "got") == table_rows(tmp_path / "ref")
+    # a file whose header differs from the first file's: Spark matched columns by position,
+    # so its 'body' was counted as the text, silently; now one line naming it
+    for header, why in [("body", r"Header: body Schema: text Expected: text but found: body"),
+                        ("body,text", r"Header length: 2, schema size: 1")]:
+        (tmp_path / "csv" / "b.csv").write_text(f"{header}\nnot the text,the text\n")
+        with pytest.raises(ConfigError, match=rf"^config key 'input': \S+/b\.csv has another "
+                                              rf"CSV header than the first file \({why}\)"):
+            count_words(spark, Config(input=str(tmp_path / "csv"), input_format="csv",
+                                      output=str(tmp_path / "got2")))
 
 
 @pytest.mark.parametrize("merge", ["driver", "spark"])

@@ -487,8 +487,11 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         elif cfg.input_format == "csv":
             # RFC 4180, as Python's csv module and pandas write it: a quote inside a quoted
             # field is doubled (Spark's default escape, a backslash, would keep both quotes)
+            # (enforceSchema off: every file's header is checked against the first one's,
+            # else a file with other columns would be read by position, under their names)
             df = (spark.read.option("header", True).option("multiLine", True)
-                  .option("escape", '"').csv(fsutil.spark_path(name)))
+                  .option("escape", '"').option("enforceSchema", False)
+                  .csv(fsutil.spark_path(name)))
         elif cfg.input_format == "text":
             df = spark.read.text(fsutil.spark_path(name)).withColumnRenamed(
                 "value", cfg.text_column)
@@ -504,8 +507,12 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
         msg = _reason(exc)
         if "PATH_NOT_FOUND" in msg or "does not exist" in msg:
             raise ConfigError(f"{what}: path does not exist: {name}") from None
-        if _lists_files(cfg, frame) and "UNABLE_TO_INFER_SCHEMA" in msg:
+        if _lists_files(cfg, frame) and ("UNABLE_TO_INFER_SCHEMA" in msg
+                                         or "Conflicting directory structures" in msg):
             _refuse_files_left_out(spark, what, name, [])  # files only in plain subfolders?
+            if not _has_data_files(spark, name):
+                raise ConfigError(f"{what}: no {format_name(cfg)} files under {name} (an "
+                                  "empty folder, or only hidden files)") from None
             if _skipping_corrupt(spark) and cfg.input_format in ("parquet", "orc"):
                 raise ConfigError(f"{what}: no file of {name} could be read: each was skipped "
                                   "as corrupt (ignore_corrupt_files)") from None
@@ -559,6 +566,16 @@ def _read_files(spark: SparkSession, fmt: str, path: str) -> DataFrame:
                 or not _skipping_corrupt(spark):
             raise
     return spark.read.option("mergeSchema", "true").parquet(path)
+
+
+def _has_data_files(spark: SparkSession, name: str) -> bool:
+    """Whether a listing finds data files under ``name`` (a glob: assumed so)."""
+    if fsutil.has_glob(name):
+        return True
+    try:
+        return bool(fsutil.data_files_under(spark, name))
+    except Exception:  # noqa: BLE001 - what cannot be listed is not known to be empty
+        return True
 
 
 def _skipping_corrupt(spark: SparkSession) -> bool:
@@ -758,6 +775,18 @@ def arrow_plan(spark: SparkSession, cfg: Config, files: list[str],
     return plan
 
 
+def _java_causes(exc: BaseException, depth: int = 5) -> str:
+    """The messages of a py4j error's Java causes (a captured Spark error's own text may stop
+    at the top one), one per line; "" for other errors."""
+    out = []
+    java = getattr(exc, "java_exception", None) or getattr(exc, "_origin", None)
+    with contextlib.suppress(Exception):  # (the JVM may be gone)
+        while java is not None and len(out) < depth:
+            out.append(str(java.toString()))
+            java = java.getCause()
+    return "\n" + "\n".join(out) if out else ""
+
+
 def unreadable_file_error(exc: BaseException, can_skip: bool = True,
                           kind: str = "Parquet") -> ConfigError | None:
     """A read (count, encode) that failed on a corrupt input file, or on one a task did not
@@ -771,6 +800,14 @@ def unreadable_file_error(exc: BaseException, can_skip: bool = True,
     m = re.search(re.escape(UNREADABLE) + r" (.+?) :: ([^\n]*)", text)
     if m:
         return corrupt_file_error(m.group(1), m.group(2).strip(), can_skip, kind)
+    header = re.search(r"(?:CSV header does not conform to the schema\.|Number of column in CSV "
+                       r"header is not equal to number of fields in the schema:?)(.*?)CSV "
+                       r"file: (\S+)", text + _java_causes(exc), re.S)
+    if header:  # (read with enforceSchema off: a file whose header is not the first file's)
+        why = " ".join(header.group(1).split())
+        return ConfigError(f"config key 'input': {header.group(2)} has another CSV header than "
+                           f"the first file ({why}): its columns would be read by position, "
+                           "under the first file's names; give files with one header")
     m = re.search(r"FAILED_READ_FILE\.?(\w*)\][^\n]*?reading file (\S+?)\.?(?:\s|$)", text)
     if m and "MALFORMED_RECORD_IN_PARSING" in text:  # JSON read in FAILFAST mode
         parser = re.search(r"Caused by: com\.fasterxml\.[\w.$]+: ([^\n(]+)", text)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
+from pipeline.count.corpus import first_line
 from pipeline.count.word_table import (
     WORD_TABLE_ARROW_SCHEMA,
     CountOverflow,
@@ -203,7 +204,11 @@ def read_parquet(spark, path: str) -> pa.Table:
         from pyspark.sql import functions as F
 
         # (every file's columns: a schema from one file could miss first_seen)
-        df = spark.read.option("mergeSchema", "true").parquet(fsutil.spark_path(path))
+        try:
+            df = spark.read.option("mergeSchema", "true").parquet(fsutil.spark_path(path))
+        except Exception as exc:  # noqa: BLE001 - files whose columns do not merge, unreadable
+            raise ConfigError(f"config key 'words': {path} is neither a word table of ours, "
+                              f"TSV nor readable Parquet ({first_line(exc)})") from None
         t = (df.select(*df.columns, F.col("_metadata.file_path").alias("_spark_bpe_file"),
                        F.col("_metadata.row_index").alias("_spark_bpe_row"))
              .orderBy("_spark_bpe_file", "_spark_bpe_row").toArrow()

@@ -540,8 +540,8 @@ def _files_of_nulls(stats: dict[str, int], files: list[str]) -> list[str]:
     JSON lines without the key) reads that way, indistinguishable from one of null rows."""
     nulls = {int(k[len(NULL_ROWS_OF):]): stats.pop(k) for k in list(stats)
              if k.startswith(NULL_ROWS_OF)}
-    return sorted(files[i] for i, n in nulls.items()
-                  if n and n == stats.get(f"file_rows:{i}", 0))
+    return sorted({files[i] for i, n in nulls.items()  # (a file two sources list: once)
+                   if n and n == stats.get(f"file_rows:{i}", 0)})
 
 
 def _skipped_files(stats: dict[str, int], files: list[str], listed_skipped: list[str],
