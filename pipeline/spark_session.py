@@ -618,6 +618,8 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
         elif state["read_seconds"] is not None:  # the end: what was read, at what rate
             out.update(unit="rows", done=rows, total=counts.total_rows, rows=None,
                        running=None, rate_from=(time.time() - seconds, 0))
+            if t.get("total"):  # (its jobs have ended: Spark's tracker may not know it yet)
+                out["tasks"] = f"{t['total']}/{t['total']}"
         elif counts.total_rows:
             out.update(unit="rows", done=min(rows, counts.total_rows), total=counts.total_rows,
                        rows=None)
