@@ -165,7 +165,7 @@ def _absolute_paths(cfg: Config) -> None:
     def fix(path: str) -> str:
         return os.path.abspath(path) if path and not fsutil.scheme(path) else path
 
-    cfg.input = ",".join(fix(p) for p in cfg.inputs)
+    cfg.input = ",".join(fix(p) for p in cfg.input_items())  # (an empty one stays, refused)
     for key in ("words", "output", "tokenizer", "checkpoint_dir", "report_sample",
                 "progress_file"):
         setattr(cfg, key, fix(getattr(cfg, key)))

@@ -305,6 +305,10 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
             return _terminated_under(job, exc)
         if exc.errno not in WRITE_ERRNOS and not isinstance(exc, WriteFailed):
             return _failed(job, exc)
+        if _unreadable(exc):
+            print(f"error: {job} could not read {exc.filename}: {exc.strerror}; fix its "
+                  f"permissions, then {_rerun(job)}", file=sys.stderr)
+            return EXIT_CONFIG
         return _could_not_write(job, exc, exc)
     except Exception as exc:
         if _terminating.is_set():  # Spark stopped under a running call: that was the SIGTERM
@@ -315,6 +319,14 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         if failed_write is not None:
             return _could_not_write(job, failed_write, exc)
         return _failed(job, exc)
+
+
+def _unreadable(exc: OSError) -> bool:
+    """A permission error on a file that is there and that this process may not read (a
+    run directory's file, say): a read that failed, not a write."""
+    name = exc.filename
+    return (exc.errno in (errno.EACCES, errno.EPERM) and not isinstance(exc, WriteFailed)
+            and isinstance(name, str) and os.path.isfile(name) and not os.access(name, os.R_OK))
 
 
 def _no_room_for_a_thread(exc: BaseException) -> bool:

@@ -11,6 +11,7 @@ import dataclasses
 import fnmatch
 import json
 import math
+import numbers
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -272,8 +273,10 @@ def build_parser(description: str, job: str = TRAIN) -> argparse.ArgumentParser:
 def _int(value: Any) -> int:
     """An integer from a flag's text or a TOML/API value; a float (4096.9) or a boolean is an
     error, never silently truncated."""
-    if isinstance(value, (bool, float)):
-        raise ValueError(value)
+    if isinstance(value, str):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(value)  # (numpy's integers are Integral; its float32 or a Decimal not)
     return int(value)
 
 
@@ -383,8 +386,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             if isinstance(value, dict):
                 raise ConfigError(f"config file {path}: [{k}] {key} is a table; config keys "
                                   "take plain values (sections are one level deep)")
-            if key in flat:
-                raise ConfigError(f"config key '{key}' is set twice in {path}")
+            same = next((k2 for k2 in flat if k2.replace("-", "_") == key.replace("-", "_")),
+                        None)  # (vocab_size and vocab-size are one key)
+            if same is not None:
+                twice = f"'{key}'" if same == key else f"'{same}' and '{key}'"
+                raise ConfigError(f"config key {twice} is set twice in {path}")
             flat[key] = value
     return flat
 
@@ -573,6 +579,9 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
         value = getattr(cfg, f.name)
         _need(not choices or value in choices,
               f"config key '{f.name}' must be one of {choices}, not {value!r}")
+        _need(not isinstance(value, str) or "\0" not in value,
+              f"config key '{f.name}' holds a NUL character (\\0), which no path or name "
+              "may hold")
     _check_sources(cfg, job, frame)
     _check_split(cfg)
     _check_numbers(cfg)

@@ -18,9 +18,14 @@ Special tokens follow tiktoken's rules: a special-token string in user text is a
 it is allowed (``allowed_special``), and is never silently turned into a special id;
 ``disallowed_special=()`` encodes it as ordinary text.
 
+Text is Unicode plus, as in training, the bytes of invalid UTF-8 as ``surrogateescape`` spells
+them (U+DC80..U+DCFF, what ``decode_row`` makes of a binary row): those stay exact bytes. Any
+other surrogate (a lone one, or a pair a UTF-16 source left split) is repaired as tiktoken
+does: a pair becomes its character, a lone one U+FFFD (:func:`repair_surrogates`).
+
 Decoding is lossless for any id sequence that came from ``encode`` (``decode_bytes`` gives the
-exact bytes; ``decode`` the text, after the run's normalization); an id outside the vocabulary
-is an :class:`EncodeError` naming the id and the vocabulary size.
+exact bytes; ``decode`` the text, after the run's normalization and that repair); an id outside
+the vocabulary is an :class:`EncodeError` naming the id and the vocabulary size.
 """
 
 from __future__ import annotations
@@ -50,6 +55,19 @@ from pipeline.pretokenize import (
     cut_specials,
     special_token_pattern,
 )
+
+# a surrogate pair, or a surrogate that is not one of surrogateescape's bytes (U+DC80..U+DCFF)
+_UNENCODABLE = regex.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udc7f\udd00-\udfff]")
+
+
+def repair_surrogates(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode mended as tiktoken mends it (its UTF-16
+    round trip): a surrogate pair becomes its character, any other surrogate U+FFFD; the
+    surrogateescape bytes U+DC80..U+DCFF stay (they stand for invalid UTF-8 bytes)."""
+    return _UNENCODABLE.sub(
+        lambda m: m.group().encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        if len(m.group()) == 2 else "\ufffd", text)
+
 
 CACHE_WORDS = 200_000
 CACHE_WORD_CHARS = 256  # longer words are not cached: they rarely repeat and would pin memory
@@ -406,7 +424,11 @@ class Tokenizer:
         """Encode, treating special-token strings as ordinary text (tiktoken's
         ``encode_ordinary``)."""
         out: list[int] = []
-        self._encode_chunk(text, out)
+        try:
+            self._encode_chunk(text, out)
+        except UnicodeEncodeError:
+            out.clear()
+            self._encode_chunk(repair_surrogates(text), out)
         return out
 
     def _special_set(self, value: Collection[str] | str, what: str) -> set[str]:
@@ -426,6 +448,13 @@ class Tokenizer:
                disallowed_special: Collection[str] | str = "all") -> list[int]:
         """Encode with tiktoken's special-token semantics: an allowed special token becomes its
         id; a disallowed one in the text raises :class:`EncodeError`; any other is text."""
+        try:
+            return self._encode(text, allowed_special, disallowed_special)
+        except UnicodeEncodeError:  # (rare: only then is the text scanned for surrogates)
+            return self._encode(repair_surrogates(text), allowed_special, disallowed_special)
+
+    def _encode(self, text: str, allowed_special: Collection[str] | str,
+                disallowed_special: Collection[str] | str) -> list[int]:
         allowed = self._special_set(allowed_special, "allowed_special")
         if disallowed_special == "all":
             disallowed = set(self.special_ids) - allowed

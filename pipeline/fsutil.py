@@ -438,18 +438,33 @@ def umask() -> int:
 
 def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
     """Create ``path`` holding ``text`` only if it does not exist (atomically where the
-    filesystem can: O_EXCL locally, createNewFile on HDFS); False if it exists."""
+    filesystem can: locally a whole temp file hard-linked to the name, so that nobody sees
+    it empty, even after a crash or a full disk mid-write; O_EXCL where hard links are not
+    supported; createNewFile on HDFS); False if it exists."""
     spark = _session_for(spark, path)
     if is_local(path):
         lp = local_path(path)
-        os.makedirs(os.path.dirname(lp) or ".", exist_ok=True)
+        d = os.path.dirname(lp) or "."
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        os.chmod(tmp, 0o666 & ~umask())
         try:
-            fd = os.open(lp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        return True
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, lp)
+            except FileExistsError:
+                return False
+            except OSError as exc:  # (a filesystem without hard links)
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                return _create_exclusive_local(lp, text)
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
     fs, p = _fs(spark, path)
     try:
         with _writing(spark, path):
@@ -459,7 +474,27 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
         if "FileAlreadyExistsException" in exc.strerror:
             return False
         raise
-    write_text(spark, path, text)
+    try:
+        write_text(spark, path, text)
+    except BaseException:  # no empty file that would hold the name for good
+        with contextlib.suppress(Exception):
+            delete(spark, path)
+        raise
+    return True
+
+
+def _create_exclusive_local(lp: str, text: str) -> bool:
+    try:
+        fd = os.open(lp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except BaseException:  # (a full disk) no empty file that would hold the name for good
+        with contextlib.suppress(OSError):
+            os.remove(lp)
+        raise
     return True
 
 

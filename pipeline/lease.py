@@ -5,8 +5,10 @@ at the same output. Before it writes anything, a training run takes the lease of
 directory, ``.lease.json``, and of its checkpoint directory, beside it
 (``.checkpoints.lease.json`` in the run directory for the default one), each with the
 holder's host, pid, start time and the time it last renewed it. The file is created
-exclusively (``O_EXCL`` locally, ``createNewFile`` on HDFS), renewed by a background thread
-every ``timeout / 4`` seconds, and deleted when the run ends.
+exclusively (locally a written temp file hard-linked to the name, so it is never seen empty;
+``createNewFile`` on HDFS), renewed by a background thread every ``timeout / 4`` seconds, and
+deleted when the run ends. A lease file that cannot be read (a writer that died creating it)
+is taken over once it has not changed for ``timeout`` seconds.
 
 Nothing is written inside a directory another run holds: a lease is refused while a directory
 that encloses it (a checkpoint directory or a word table inside a running run's directory) has
@@ -103,6 +105,20 @@ class Lease:
             return "its process no longer exists"
         return ""
 
+    def _unreadable_and_old(self) -> str:
+        """Why a lease file that cannot be read counts as gone: not changed for ``timeout``
+        seconds (a writer that died between creating and writing it; a live holder rewrites
+        it every ``timeout / 4``); '' while it may still be being written, or is not there."""
+        try:
+            size, mtime = fsutil.file_status(self.spark, self.path)
+        except Exception:  # noqa: BLE001 - removed meanwhile: look again
+            return ""
+        age = _now() - (mtime / 1e9 if fsutil.is_local(self.path) else mtime / 1e3)
+        if age <= self.timeout:
+            return ""
+        return (f"its file cannot be read ({size} bytes, empty or not JSON) and has not "
+                f"changed for {age:,.0f} s (lease_timeout_seconds = {self.timeout:g})")
+
     def _same_pid_space(self, holder: dict) -> bool:
         """Whether the holder's pid can be looked up here: the same host name is not enough
         where containers share one (host networking) but not their process ids, so the pid
@@ -153,22 +169,33 @@ class Lease:
                 break
             holder = self._read()
             if holder is None:  # being written or removed right now: look again
-                time.sleep(0.2)
-                continue
-            why = self._gone(holder)
+                stale = self._unreadable_and_old()
+                if not stale:
+                    time.sleep(0.2)
+                    continue
+                log.warning("taking over the lease of %s: %s", self.held, stale)
+                holder, why = {}, stale
+            else:
+                why = self._gone(holder)
             if not why:
                 raise LeaseHeld(
                     self._refusal(holder, self.held) + f"; wait for it to finish, or, if it is "
                     f"gone, delete {self.path} (a lease not renewed for lease_timeout_seconds "
                     f"= {self.timeout:g} is taken over by itself)")
-            log.warning("taking over the lease of %s from host %s pid %s (started %s): %s",
-                        self.held, holder.get("host"), holder.get("pid"), holder.get("started"),
-                        why)
+            if holder:
+                log.warning("taking over the lease of %s from host %s pid %s (started %s): "
+                            "%s", self.held, holder.get("host"), holder.get("pid"),
+                            holder.get("started"), why)
             fsutil.write_text(self.spark, self.path, self._record())
             time.sleep(0.2)  # a concurrent taker writes too: the last writer wins, check
             if (self._read() or {}).get("id") == self.me["id"]:
                 break
         else:
+            if self._read() is None and fsutil.exists(self.spark, self.path):
+                raise LeaseHeld(
+                    f"could not take the lease of {self.held}: {self.path} cannot be read "
+                    f"(empty or not JSON: its writer died while creating it?); it is taken "
+                    f"over once {self.timeout:g} s (lease_timeout_seconds) old, or delete it")
             raise LeaseHeld(f"could not take the lease of {self.held} ({self.path})")
         self._thread = threading.Thread(target=self._renew, name="spark-bpe-lease",
                                         daemon=True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
 from pipeline.config import ConfigError
-from pipeline.patterns import PATTERNS, onig_pattern, resolve_pattern
+from pipeline.patterns import PATTERNS, onig_pattern, resolve_pattern, tiktoken_pattern
 from pipeline.pretokenize import PretokenizerSpec
 
 TOKENIZER_META_FORMAT = "spark-bpe tokenizer"  # tokenizer_meta.json, what encoder.py reads
@@ -172,8 +172,20 @@ def vocab_json(tok: TrainedTokenizer) -> dict[str, int]:
     for i, t in enumerate(tok.spellings):
         out.setdefault(t, i)
     for s, i in tok.special_ids().items():
-        out[s] = i
+        out.setdefault(s, i)  # (one spelled as a learned token is left out: see its note)
     return out
+
+
+def special_clashes(tok: TrainedTokenizer) -> dict[str, int]:
+    """The special tokens whose text is also the GPT-2 spelling of a learned token (a run
+    that lowercases learns ``<|endoftext|>`` from text's ``<|ENDOFTEXT|>``), with that
+    token's id: a name -> id map (vocab.json, tokenizer.json) cannot hold both."""
+    if tok.base.alphabet != "bytes":
+        return {}
+    first: dict[str, int] = {}
+    for i, t in enumerate(tok.spellings):
+        first.setdefault(t, i)
+    return {s: first[s] for s in tok.special_tokens if s in first}
 
 
 def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
@@ -240,7 +252,8 @@ def tiktoken_meta(tok: TrainedTokenizer, ranks_text: str) -> dict:
     path and would hand back an older run's ranks after a retrain into the same directory."""
     return {
         "name": tok.name,
-        "pat_str": tok.pattern_regex or TIKTOKEN_ANY,
+        "pat_str": TIKTOKEN_ANY if tok.pattern_regex is None
+        else tiktoken_pattern(tok.pattern_regex),
         "special_tokens": tok.special_ids(),
         "n_vocab": tok.base.size + len(tok.merges) + len(tok.special_tokens),
         "pattern_name": tok.pattern if tok.pattern in PATTERNS or tok.pattern == "none"
@@ -267,6 +280,16 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
             "pipeline.encoder.Tokenizer.load(RUN_DIR)."
         )
         return notes
+    clashes = special_clashes(tok)
+    if clashes:
+        s, i = next(iter(clashes.items()))
+        notes.append(
+            f"tokenizer.json is not written and vocab.json leaves out {len(clashes)} special "
+            f"token(s): {s!r} is also the spelling of learned token {i} (a name -> id map "
+            "cannot hold both; tokenizers would give the special token's text that id). "
+            "tokenizer.tiktoken and pipeline.encoder.Tokenizer keep both; to export to "
+            "tokenizers, retrain with a special token no text can make (with capital letters, in a "
+            "run that lowercases).")
     if tok.lowercase or tok.normalization != "none":
         notes.append(
             "tiktoken does not normalize: load_tiktoken(RUN_DIR) refuses this run unless "
@@ -409,8 +432,9 @@ def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
     fsutil.write_text(spark, j(run_dir, "vocab.json"),
                       json.dumps(vocab_json(tok), ensure_ascii=False, indent=0))
     if tok.base.alphabet == "bytes":
-        fsutil.write_text(spark, j(run_dir, "tokenizer.json"),
-                          json.dumps(hf_tokenizer_json(tok), ensure_ascii=False))
+        if not special_clashes(tok):
+            fsutil.write_text(spark, j(run_dir, "tokenizer.json"),
+                              json.dumps(hf_tokenizer_json(tok), ensure_ascii=False))
         ranks = tiktoken_ranks(tok)
         fsutil.write_text(spark, j(run_dir, "tokenizer.tiktoken"), ranks)
         fsutil.write_text(spark, j(run_dir, "tiktoken.json"),

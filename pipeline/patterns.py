@@ -195,7 +195,8 @@ def onig_pattern(src: str) -> str:
     - ``X{m,n}+`` is possessive in ``regex`` but a repetition of ``X{m,n}`` in Ruby syntax
       (cl100k's ``\\p{N}{1,3}+`` would swallow a whole run of digits): written ``(?>X{m,n})``;
     - ``^`` / ``$`` are line anchors in Ruby syntax: written ``\\A`` / ``(?=\\n?\\z)`` (the
-      ``regex`` meaning without MULTILINE); ``\\Z`` is written ``\\z``;
+      ``regex`` meaning without MULTILINE; with an inline ``(?m)`` they are left as they
+      are, line anchors in both); ``\\Z`` is written ``\\z``;
     - ``(?P<name>...)`` / ``(?P=name)`` are written ``(?<name>...)`` / ``\\k<name>``.
 
     Anything else specific to the ``regex`` package (fuzzy matching, set operations, ``\\m``,
@@ -205,13 +206,33 @@ def onig_pattern(src: str) -> str:
     return _OnigRewrite(src).run()
 
 
-class _OnigRewrite:
-    """One left-to-right pass of :func:`onig_pattern`: each construct copied or rewritten by
-    its own method. ``atom`` is the index in ``out`` where the last complete atom starts (what
-    a following ``{m,n}+`` applies to); ``groups`` the indices of the open groups."""
+def tiktoken_pattern(src: str) -> str:
+    """Rewrite a ``regex``-package split pattern for tiktoken (whose engine is the Rust
+    ``fancy-regex``), which reads two anchors otherwise: ``$`` is the end of the text only
+    (``regex``: also before a final newline), written ``(?=\\n?\\z)``; ``\\Z`` is the end or
+    before a final newline (``regex``: the end only), written ``\\z``. The rest means the same
+    to both and is copied as is; so are the built-in patterns, tiktoken's own (gpt2's
+    ``\\s++$`` cannot end before a newline: the possessive run takes it)."""
+    if src in PATTERNS.values():
+        return src
+    return _OnigRewrite(src, only_anchors=True).run()
 
-    def __init__(self, src: str):
+
+# an inline flag group that turns MULTILINE on (``(?m)``, ``(?im)``, ``(?m:...)``): ``^`` and
+# ``$`` are then line anchors in every engine, and are not rewritten
+_MULTILINE_FLAG = regex.compile(r"\(\?[a-zA-Z]*m[a-zA-Z]*[:)]")
+
+
+class _OnigRewrite:
+    """One left-to-right pass of :func:`onig_pattern` (or, ``only_anchors``, of
+    :func:`tiktoken_pattern`): each construct copied or rewritten by its own method. ``atom``
+    is the index in ``out`` where the last complete atom starts (what a following ``{m,n}+``
+    applies to); ``groups`` the indices of the open groups."""
+
+    def __init__(self, src: str, only_anchors: bool = False):
         self.src, self.i = src, 0
+        self.only_anchors = only_anchors
+        self.multiline = bool(_MULTILINE_FLAG.search(src))
         self.out: list[str] = []
         self.atom: int | None = None
         self.groups: list[int] = []
@@ -230,9 +251,9 @@ class _OnigRewrite:
                 self._close_group()
             elif c == "{" and self.atom is not None and (m := _INTERVAL.match(src, self.i)):
                 self._interval(m)
-            elif c == "^":
-                self._anchor(r"\A")
-            elif c == "$":
+            elif c == "^" and not self.multiline and not self.only_anchors:
+                self._anchor(r"\A")  # (tiktoken reads ^ as regex does)
+            elif c == "$" and not self.multiline:
                 self._anchor(r"(?=\n?\z)")
             else:
                 self.atom = None if c in "*+?|" else len(self.out)
@@ -252,6 +273,12 @@ class _OnigRewrite:
 
     def _open_group(self) -> None:
         src, i = self.src, self.i
+        if self.only_anchors:
+            self.groups.append(len(self.out))
+            self.out.append("(")
+            self.i += 1
+            self.atom = None
+            return
         if src.startswith("(?P=", i):  # a backreference: an atom, not a group
             close = src.find(")", i)
             close = len(src) if close < 0 else close
@@ -274,7 +301,7 @@ class _OnigRewrite:
 
     def _interval(self, m: regex.Match[str]) -> None:
         end = m.end()
-        if end < len(self.src) and self.src[end] == "+":  # possessive interval
+        if end < len(self.src) and self.src[end] == "+" and not self.only_anchors:  # possessive
             assert self.atom is not None
             inner = "".join(self.out[self.atom:])
             del self.out[self.atom:]

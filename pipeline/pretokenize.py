@@ -262,6 +262,9 @@ class WordCounter:
         cap = self.max_word_bytes
         for w in fresh:
             at = index(w, at + 1)
+            if not w:  # an empty match (a pattern whose lookaround matches nothing here, past
+                st.words -= self.counts.pop(w)  # check_pattern's probes): no word, no token
+                continue
             if cap and len(w) * 4 > cap and len(word_bytes(w)) > cap:
                 self._leave_out(w)  # a word new to this counter: its occurrences are here
                 continue

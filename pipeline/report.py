@@ -179,7 +179,7 @@ def examples(tok: TrainedTokenizer, texts: Sequence[str | bytes]) -> list[list[b
     out = []
     for i in picked:
         try:
-            ids = enc.encode(_snippet(rows[i]), disallowed_special=())
+            ids = enc.encode(_snippet(rows[i]), allowed_special="all")  # as training cuts them
         except ValueError:  # chars alphabet: a character the vocabulary never saw
             continue
         out.append([enc.vocab[t] if t < len(enc.vocab) else enc.special_tokens[t -

@@ -656,3 +656,79 @@ def test_an_empty_item_in_a_list_flag_is_an_error_as_in_a_config_file(tmp_path):
     two = validate(resolve(["--input", f"{sample}, {sample}", "--input-weights", " 2, 3",
                             "--output", "o", "--vocab-size", "300"]), "train")
     assert two.inputs == [sample, sample] and two.input_weights == [2, 3]
+
+
+def test_a_toml_key_given_in_both_spellings_is_set_twice(tmp_path):
+    """vocab_size and vocab-size are one key: given both ways in one file, the last one won
+    unsaid (the same spelling twice was refused)."""
+    f = tmp_path / "c.toml"
+    f.write_text('vocab_size = 5000\n[train]\nvocab-size = 300\n')
+    with pytest.raises(ConfigError, match="config key 'vocab_size' and 'vocab-size' is set "
+                                          "twice in"):
+        resolve(["--config", str(f), "--input", "x", "--output", "o"])
+
+
+def test_an_integer_key_takes_no_float_of_any_kind():
+    """A float is never truncated into an integer key: numpy's float32 and a Decimal went
+    through int() (4096.9 -> 4096); numpy's integers are integers."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    from pipeline.config import _coerce
+
+    for value in (np.float32(4096.9), Decimal("4096.9"), np.float64(4096.0), 4096.9, True):
+        with pytest.raises(ConfigError, match="config key 'vocab_size': expected int"):
+            _coerce("vocab_size", "int", value)
+    with pytest.raises(ConfigError, match="input_weights"):
+        _coerce("input_weights", "list[int]", [np.float32(2.7), 1])
+    assert _coerce("vocab_size", "int", np.int64(4096)) == 4096
+    assert _coerce("input_weights", "list[int]", [np.int32(2), 1]) == [2, 1]
+
+
+def test_the_api_refuses_an_empty_source_as_the_cli_does():
+    """'a,' or 'a,,b' as the corpus: the API rebuilt the input from its non-empty sources
+    before validating, and trained on the rest; the CLI's error is given."""
+    from pipeline.api import _config
+
+    sample = str(REPO / "data" / "sample")
+    for corpus in (f"{sample},", f"{sample},,{sample}"):
+        with pytest.raises(ConfigError, match="config key 'input' has an empty source"):
+            _config("train", corpus, {"output": "o", "vocab_size": 300})
+
+
+def test_a_file_that_cannot_be_read_is_not_called_a_write_failure(tmp_path, monkeypatch,
+                                                                   capsys):
+    """A permission error on reading (a run directory's run.json, say) said 'could not
+    write ... make room or fix the permissions' with exit 1; it is a read, exit 2."""
+    import errno
+
+    from pipeline import cli
+
+    target = tmp_path / "run.json"
+    target.write_text("{}")
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p) == str(target)
+                        else real_access(p, mode))  # (as root, every file is readable)
+
+    def body(cfg):
+        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+
+    code = cli.run_job("encode", "encode", body, ["--input", str(REPO / "data" / "sample"),
+                                                  "--tokenizer", str(tmp_path),
+                                                  "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: encode could not read {target}: Permission denied; fix its permissions" \
+        in err
+    assert "could not write" not in err
+
+
+def test_a_nul_character_in_a_path_is_a_config_error(tmp_path):
+    """A NUL in output, checkpoint_dir or progress_file reached os.path.realpath and ended
+    the job with a ValueError traceback (exit 1); it is one config error."""
+    for key in ("output", "checkpoint_dir", "progress_file"):
+        values = {"input": str(REPO / "data" / "sample"), "output": str(tmp_path / "o"),
+                  "vocab_size": 300, key: str(tmp_path / "a\0b")}
+        with pytest.raises(ConfigError, match=f"config key '{key}' holds a NUL character"):
+            validate(Config(**values), "train")

@@ -277,6 +277,19 @@ def test_special_token_semantics_match_tiktoken(small_run: Loaded):
         ours.encode("x", allowed_special={"<|nope|>"})
 
 
+def test_surrogates_are_repaired_as_tiktoken_repairs_them(small_run: Loaded):
+    """A str with surrogates UTF-8 cannot encode (a lone one, or a pair a UTF-16 source left
+    split): ours raised a bare UnicodeEncodeError; now the ids are tiktoken's (its repair: a
+    pair is its character, a lone surrogate U+FFFD). surrogateescape's bytes U+DC80..U+DCFF
+    keep standing for invalid UTF-8 bytes, as the encode job gives binary rows."""
+    ours, tk = small_run.ours, small_run.tk
+    for text in ["a\ud800b", "x \udfff", "hello \ud83d\ude00 there", "\ud83d\udc80\ud800 ok",
+                 "lone \udc00 low"]:
+        assert ours.encode(text) == tk.encode(text), repr(text)
+        assert ours.encode_ordinary(text) == tk.encode_ordinary(text), repr(text)
+    assert ours.decode_bytes(ours.encode("a\udc80b")) == b"a\x80b"
+
+
 def test_decode_rejects_out_of_range_ids(small_run: Loaded):
     ours = small_run.ours
     assert ours.n_vocab == 300
@@ -361,6 +374,34 @@ def test_duplicate_token_keeps_first_id_everywhere(tmp_path):
         assert 259 not in ours.encode(text)
 
 
+def test_a_special_token_spelled_as_a_learned_token_is_not_exported_wrongly(tmp_path):
+    """A run that lowercases learns "hello" from "Hello" and "HELLO" while the special token
+    "hello" is cut from the text: vocab.json gave the name "hello" the special's id (the
+    learned token lost its entry) and tokenizer.json's added token collided with the
+    vocabulary (tokenizers encoded the special as the learned token, decoded the special's
+    id to nothing). Now tokenizer.json is not written and vocab.json keeps the learned
+    token, with a note; tiktoken and our encoder still agree."""
+    from pipeline.outputs import check_run
+
+    tok = train_in_memory(["Hello hello HELLO world"] * 50, tmp_path, "cl100k", 300,
+                          ("hello",), lowercase=True, min_pair_count=1)
+    learned = tok.spellings.index("hello")
+    special = tok.special_ids()["hello"]
+    assert not (tmp_path / "tokenizer.json").exists()
+    assert "tokenizer.json" not in check_run(str(tmp_path))["files"]
+    vocab = json.loads((tmp_path / "vocab.json").read_text())
+    assert vocab["hello"] == learned != special
+    meta = json.loads((tmp_path / "tokenizer_meta.json").read_text())
+    assert any("'hello' is also the spelling of learned token" in n
+               for n in meta["export_notes"])
+    ours = Tokenizer.load(str(tmp_path))
+    tk = load_tiktoken(str(tmp_path), ignore_normalization=True)
+    for text in ["hello", "hello world hello", "say hello"]:
+        assert ours.encode(text, allowed_special="all") == tk.encode(text, allowed_special="all")
+    assert ours.encode("hello", allowed_special="all") == [special]
+    assert ours.encode("HELLO", disallowed_special=()) == [learned]
+
+
 def test_chars_alphabet_run_exports_what_it_can(tmp_path):
     texts = ["the café baker bakes cakes, the café bakes soufflé"] * 3
     tok = train_in_memory(texts, tmp_path, r" ?\w+|[^\w\s]", 40, (), alphabet="chars")
@@ -432,6 +473,21 @@ def test_onig_pattern_rewrites():
     for pat, text in cases.items():
         expected = [m.group() for m in regex.finditer(pat, text)]
         assert findall_like_hf(pat, text) == expected, pat
+
+
+@pytest.mark.parametrize("pattern", [r"\S+$|\S{1,3}|\s+", r"\w+\Z|\w{1,2}|\s+|[^\w\s]+",
+                                     r"(?m)^\S+|\S{1,3}|\s+", r" ?\w+$| ?\w{1,3}|\s+|[^\w\s]"])
+def test_custom_patterns_with_anchors_encode_alike_in_all_three(tmp_path, pattern):
+    """``$`` and ``\\Z`` mean other things to tiktoken's engine (fancy-regex: ``$`` the end
+    only, ``\\Z`` also before a final newline) than to the regex package: tiktoken.json held
+    the pattern as it is, and tiktoken (the encode job's engine too) gave other ids on text
+    ending in a newline. Under an inline ``(?m)`` ``^``/``$`` are line anchors everywhere
+    and tokenizer.json keeps them (it had them rewritten as text anchors)."""
+    texts = ["abcdef\n", "one two\nthree four\n", "x\n\ny z", "tail words end"] * 5
+    train_in_memory(texts, tmp_path, pattern, 300, min_pair_count=1)
+    loaded = Loaded(tmp_path)
+    for text in [*texts, "abcdef\n", "ab\nabcdef", "end\n\n", "a b c\n", "\n"]:
+        loaded.check(text)
 
 
 def test_unicode_version_caveat():

@@ -460,3 +460,48 @@ def test_an_enclosing_lease_is_this_process_s_own_only_if_it_took_it(tmp_path):
         Lease.beside(None, str(run / "checkpoints"), 60, "run").acquire().release()
     finally:
         own.release()
+
+
+def test_a_lease_file_left_unreadable_is_taken_over_after_the_timeout(tmp_path, caplog):
+    """A writer that died between creating the lease file and writing it (a full disk, a
+    kill) left it empty: it held the directory for good ("could not take the lease"); now
+    it is refused while it may still be being written, and taken over once it has not
+    changed for the timeout."""
+    caplog.set_level(logging.WARNING, logger="pipeline.lease")
+    lease_file = tmp_path / NAME
+    lease_file.write_text("")
+    with pytest.raises(LeaseHeld, match=r"cannot be read \(empty or not JSON.*taken over "
+                                        r"once 60 s \(lease_timeout_seconds\) old, or delete"):
+        Lease(None, str(tmp_path), timeout=60).acquire()
+    old = lease_file.stat().st_mtime - 61
+    os.utime(lease_file, (old, old))
+    taken = Lease(None, str(tmp_path), timeout=60).acquire()
+    try:
+        assert json.loads(lease_file.read_text())["id"] == taken.me["id"]
+        assert "taking over the lease of" in caplog.text
+        assert "its file cannot be read (0 bytes" in caplog.text
+    finally:
+        taken.release()
+
+
+def test_a_lease_file_is_never_left_half_written(tmp_path):
+    """The lease file appears whole or not at all: a write that fails (here a file size
+    limit, as a full disk would) leaves no file holding the name (O_EXCL then write left
+    one, empty or cut, that no later run could read or take)."""
+    script = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (8, 8))\n"
+        "from pipeline.fsutil import create_exclusive\n"
+        "try:\n"
+        "    create_exclusive(None, sys.argv[1], 'x' * 4096)\n"
+        "except OSError as exc:\n"
+        "    print('failed:', exc.errno)\n")
+    target = tmp_path / NAME
+    out = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parent.parent, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("failed:"), out.stdout
+    assert not target.exists()
+    assert os.listdir(tmp_path) == []  # nor its temp file
+    Lease(None, str(tmp_path), timeout=60).acquire().release()

@@ -193,3 +193,29 @@ def test_fast_split_equals_the_regex_package_on_mixed_text(text, name):
     """Rows with characters above U+FFFF: line cuts (cl100k, o200k) and the fast path of the
     other pieces change no word."""
     assert Pretokenizer(PretokenizerSpec(name)).words(text) == regex.findall(PATTERNS[name], text)
+
+
+def test_a_pattern_that_matches_nothing_only_in_some_text_makes_no_empty_word():
+    """check_pattern's probes refuse a pattern that matches the empty string in common text;
+    one whose empty match needs other text (here a lookahead before "q") passed them, the
+    count made a word '' of no symbols, and the local engine failed after the count
+    ("every word needs at least one token"). Empty matches are no words: the counts, the
+    words statistic and training are those of the non-empty matches."""
+    from pipeline.bpe import initial_words, train_oracle
+    from pipeline.engines.local import LocalTrainer
+    from pipeline.patterns import check_pattern
+
+    pattern = r"[a-pr-z]+|(?=q)|\w+|[^\w\s]+|\s+"
+    check_pattern(pattern)  # (passes its probes)
+    rows = ["a quick quiz q", "quick, quiet quips"] * 3
+    wc = WordCounter(Pretokenizer(PretokenizerSpec(pattern, ())))
+    for i, r in enumerate(rows):
+        wc.add_row(i, r)
+    matches = [m for r in rows for m in regex.findall(pattern, r) if m]
+    assert "" not in wc.counts and wc.stats.words == len(matches)
+    assert sum(wc.counts.values()) == len(matches)
+    words = [w.encode() for w in wc.counts]
+    ids, base = initial_words(words)
+    counts = list(wc.counts.values())
+    want = train_oracle(ids, counts, base.tokens, 12)
+    assert LocalTrainer.from_words(ids, counts, base.tokens).train(12, 2, None) == want

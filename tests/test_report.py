@@ -191,3 +191,17 @@ def test_report_renders_without_sideways_scrolling(trained, tmp_path):
     wide = tmp_path / "wide.html"
     wide.write_text("<html><body><pre>" + "x" * 400 + "</pre></body></html>")
     assert not mod.render(wide, 600, None, binary).ok
+
+
+def test_examples_show_a_special_token_as_one_special(tmp_path):
+    """A special token in the sample is one special token in the report's examples, as
+    training cuts it out of the text: it was encoded as ordinary text, byte by byte."""
+    from pipeline.report import examples
+
+    tok = train_in_memory(["hello world, more text here"] * 20, tmp_path, "cl100k", 300,
+                          (EOT,), min_pair_count=1)
+    (shown,) = examples(tok, [f"hello world and some filler text {EOT} more text here"])
+    assert EOT in shown
+    assert b"<" not in shown and b"<|" not in shown
+    assert b"".join(t.encode() if isinstance(t, str) else t for t in shown) == \
+        f"hello world and some filler text {EOT} more text here".encode()
