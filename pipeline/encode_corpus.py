@@ -44,6 +44,7 @@ mostly the encoding itself (the stage's tokens/s against single-thread tiktoken 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -78,7 +79,7 @@ from pipeline.count.corpus import (
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
 from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
-from pipeline.patterns import resolve_pattern
+from pipeline.patterns import resolve_pattern, tiktoken_pattern
 from pipeline.pretokenize import (
     Pretokenizer,
     PretokenizerSpec,
@@ -171,10 +172,15 @@ def check_encode_config(cfg: Config, spark: SparkSession | None = None,
         check_run(cfg.tokenizer, ("tokenizer_meta.json",), spark)
     except IncompleteRun as exc:
         raise ConfigError(f"config key 'tokenizer': {exc}") from None
+    if spark is None and not fsutil.is_local(cfg.output):
+        return  # (looked at again once the session is there)
     if fsutil.exists(spark, cfg.output):
+        killed = (" (an encode killed while it wrote to an object store leaves its part "
+                  "files without it: remove the folder)") if fsutil.is_object_store(cfg.output) \
+            else ""
         need(fsutil.exists(spark, fsutil.join(cfg.output, STATS_FILE)),
              f"config key 'output': {cfg.output} exists and is not the output of an earlier "
-             f"encode (no {STATS_FILE}): refusing to replace it")
+             f"encode (no {STATS_FILE}{killed}): refusing to replace it")
 
 
 # -- what the executors get -----------------------------------------------------------------------
@@ -235,7 +241,7 @@ def _tiktoken_unavailable(meta: dict) -> str:
     pattern = resolve_pattern(meta["pattern"])
     if pattern is not None:  # tiktoken's regex engine (fancy-regex) is not the regex package
         try:
-            tiktoken.Encoding(name="spark-bpe-pattern-probe", pat_str=pattern,
+            tiktoken.Encoding(name="spark-bpe-pattern-probe", pat_str=tiktoken_pattern(pattern),
                               mergeable_ranks={bytes([b]): b for b in range(256)},
                               special_tokens={})
         except ValueError as exc:
@@ -591,11 +597,13 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
              source.how(), cfg.output)
     try:
         stats = _encode_into(spark, cfg, plan, source, tmp, progress)
-    except Exception as exc:
-        unreadable = unreadable_file_error(exc, can_skip=False, kind=format_name(cfg))
+    except BaseException as exc:  # (a SIGTERM's too) nothing half-written is left behind
+        with contextlib.suppress(Exception):
+            fsutil.delete(spark, tmp)  # (on an object store: the output, without its marker)
+        unreadable = unreadable_file_error(exc, can_skip=False, kind=format_name(cfg)) \
+            if isinstance(exc, Exception) else None
         if unreadable is None:
             raise
-        fsutil.delete(spark, tmp)  # nothing half-written
         raise unreadable from None
     fsutil.check_before_publish(spark, lease.check, tmp, cfg.output)
     stats["seconds_total"] = round(time.time() - t0, 3)
@@ -607,8 +615,13 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
                "key_columns": source.keys, "ids_column": cfg.ids_column,
                "special_in_text": cfg.special_in_text, "vocab_size": _n_vocab(plan.meta),
                "stats": stats}
-    fsutil.write_text(spark, fsutil.join(tmp, CONFIG_FILE), cfg.to_json(ENCODE))
-    fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
+    try:
+        fsutil.write_text(spark, fsutil.join(tmp, CONFIG_FILE), cfg.to_json(ENCODE))
+        fsutil.write_text(spark, fsutil.join(tmp, STATS_FILE), json.dumps(summary, indent=2))
+    except BaseException:  # (a full disk, a SIGTERM) no staging folder or marker-less output
+        with contextlib.suppress(Exception):
+            fsutil.delete(spark, tmp)
+        raise
     fsutil.replace_dir(spark, tmp, cfg.output)
     return summary
 
@@ -757,7 +770,6 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
                 _spark_encode(cfg, source, acc, counts).write.option(
                     "compression", OUTPUT_COMPRESSION).parquet(fsutil.spark_path(tmp))
     except Exception as exc:
-        fsutil.delete(spark, tmp)
         msg = _row_error(exc)
         if msg is not None:  # a row this config cannot encode: which key decides that
             key = "tokenizer" if "chars-alphabet vocabulary" in msg else "special_in_text"

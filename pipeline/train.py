@@ -23,7 +23,7 @@ import logging
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,11 +141,26 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
     corpus_bytes = summary["byte_tokens"]
     if base.alphabet == "bytes":
         return corpus_bytes, summary["byte_symbols"], corpus_bytes, summary["digest"]
-    word_len = F.length(F.col("word").cast("string")) + int(bool(base.end_of_word_suffix))
+    suffix = int(bool(base.end_of_word_suffix))
+    text = F.col("word").cast("string")
+    valid = F.is_valid_utf8(text)
+    word_len = F.when(valid, F.length(text) + suffix)  # (invalid UTF-8: null here, below)
     big = "decimal(38,0)"  # (a long product or sum would wrap, or fail under ANSI mode)
     row = words().select(F.sum(word_len.cast(big) * F.col("count").cast(big)),
-                         F.sum(word_len.cast(big))).first()
-    return int(row[0] or 0), int(row[1] or 0), corpus_bytes, summary["digest"]
+                         F.sum(word_len.cast(big)), F.count_if(~valid)).first()
+    tokens, symbols = int(row[0] or 0), int(row[1] or 0)
+    if row[2]:  # words of invalid UTF-8: one symbol per byte of each invalid sequence, as the
+        # engines decode them (surrogateescape), where Spark's length counts a lead byte's
+        # whole sequence as one character
+        def lengths(rows: Iterator) -> Iterator[tuple[int, int]]:
+            for word, count in rows:
+                n = len(bytes(word).decode("utf-8", "surrogateescape")) + suffix
+                yield n * count, n
+
+        t, n = words().filter(~valid).select("word", "count").rdd.mapPartitions(
+            lengths).fold((0, 0), lambda a, b: (a[0] + b[0], a[1] + b[1]))
+        tokens, symbols = tokens + t, symbols + n
+    return tokens, symbols, corpus_bytes, summary["digest"]
 
 
 def _will_use_spark_sql(cfg: Config) -> bool:

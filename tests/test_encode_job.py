@@ -653,3 +653,36 @@ def test_json_csv_and_text_inputs_encode_row_for_row(spark, run_dir, tmp_path):
     table = read_output(out).sort_by("row")
     assert table.column("row").to_pylist() == [5, 6, 7]
     assert table.column("ids").to_pylist() == [oracle(t) for t in texts[:3]]
+
+
+def test_an_encode_to_a_remote_output_is_checked_once_the_session_is_there(run_dir, tmp_path):
+    """Before Spark starts (the job's first check) an output on another filesystem cannot be
+    looked at: it is left for the check with the session, not a NeedsSpark traceback."""
+    from pipeline.encode_corpus import check_encode_config
+
+    check_encode_config(Config(tokenizer=str(run_dir), input=str(tmp_path),
+                               output="hdfs://namenode:8020/encoded"))
+
+
+def test_an_interrupted_encode_leaves_no_staging_folder(spark, run_dir, held_out, tmp_path,
+                                                        monkeypatch):
+    """A SIGTERM (Terminated, a KeyboardInterrupt) while the tasks write: the staging folder
+    goes (on an object store the output itself is the staging folder, which would then sit
+    there without _encode.json and make every rerun refuse it), the output is untouched, and
+    a rerun encodes."""
+    from pipeline import encode_corpus as enc
+
+    out = tmp_path / "encoded"
+    real = enc._encode_into
+
+    def killed(spark, cfg, plan, source, tmp, progress):
+        real(spark, cfg, plan, source, tmp, progress)  # the part files are written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(enc, "_encode_into", killed)
+    cfg = Config(tokenizer=str(run_dir), input=str(held_out), output=str(out))
+    with pytest.raises(KeyboardInterrupt):
+        encode_corpus(spark, cfg)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == []
+    monkeypatch.setattr(enc, "_encode_into", real)
+    assert encode_corpus(spark, cfg).stats["stats"]["rows"] > 0

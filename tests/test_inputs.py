@@ -3,6 +3,7 @@ gives the same word table (counts and first-seen order) and the same merges as P
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -1000,3 +1001,68 @@ def test_a_view_s_definition_in_the_fingerprint_is_the_same_on_every_analysis(sp
     finally:
         for view in ("fp_s", "fp_v10", "fp_v20"):
             spark.catalog.dropTempView(view)
+
+
+def test_json_lines_under_url_and_glob_characters_and_a_first_file_without_rows(
+        spark, tmp_path, caplog):
+    """JSON lines in a folder with a space, files named with ``#``, ``%`` and glob characters,
+    the first without a row: the schema is taken from the first file with rows, named as a
+    file, not as a URI (``%20`` read as three characters: 'path does not exist') or a glob;
+    counted in path order as a naive count does, and a rerun reuses the table."""
+    corpus = tmp_path / "my corpus"
+    corpus.mkdir()
+    (corpus / "a empty.json").write_text("\n")
+    lines = sample_lines(45)
+    files = [lines[i::3] for i in range(3)]
+    for name, rows in zip(["b#1%20.json", "c{x}.json", "d[1].json"], files):
+        (corpus / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+    cfg = Config(input=str(corpus), input_format="json", output=str(tmp_path / "run"),
+                 vocab_size=300, progress_bar=False)
+    first = train(spark, cfg)
+    assert_word_table(tmp_path / "run" / "words",
+                      naive_count([[], *files], special_tokens=["<|endoftext|>"]))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        train(spark, cfg)
+    assert "reusing the word table" in caplog.text
+    assert f"is already complete ({len(first.merges)} merges)" in caplog.text
+
+
+def test_a_view_over_files_with_url_characters_in_their_names(spark, tmp_path):
+    """A view's rows are attributed to its first file, named in the tasks as Spark names
+    files (percent-encoded): its name with ``#`` was cut at the '#' there, and the count
+    failed with a KeyError traceback."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    lines = sample_lines(40)
+    files = [lines[:20], lines[20:]]
+    for name, rows in zip(["a#1 %41.parquet", "b.parquet"], files):
+        pq.write_table(pa.table({"text": rows}), corpus / name)
+    spark.read.parquet(str(corpus)).createOrReplaceTempView("corpus_url_names")
+    try:
+        count_words(spark, Config(input_table="corpus_url_names", output=str(tmp_path / "w")))
+    finally:
+        spark.catalog.dropTempView("corpus_url_names")
+    t = pq.read_table(tmp_path / "w" / "data")
+    got = dict(zip(t.column("word").to_pylist(), t.column("count").to_pylist()))
+    assert got == naive_count(files, special_tokens=["<|endoftext|>"]).counts
+
+
+def test_a_rerun_that_skips_corrupt_files_lists_the_input_as_the_count_did(
+        spark, tmp_path, caplog):
+    """--ignore-corrupt-files with Spark's reader and a corrupt first file (the one Spark
+    takes the schema from): the rerun's check of the input read it without skipping and
+    failed ('cannot read'), on every later run of the unchanged corpus; it reuses now."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.parquet").write_bytes(b"not a parquet file\n" * 20)
+    pq.write_table(pa.table({"text": sample_lines(40)}), corpus / "b.parquet")
+    cfg = Config(input=str(corpus), output=str(tmp_path / "run"), vocab_size=300,
+                 count_reader="spark", ignore_corrupt_files=True, progress_bar=False)
+    first = train(spark, cfg)
+    assert [f.rsplit("/", 1)[1] for f in first.stats["left_out_of_training"][
+        "unreadable_files"]] == ["a.parquet"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        train(spark, cfg)
+    assert "reusing the word table" in caplog.text

@@ -86,6 +86,29 @@ def test_chars_alphabet_with_a_suffix_equals_the_oracle_and_encodes_as_it(spark,
     assert tok.decode(expected) == text  # the suffix symbol is not the text's "_"
 
 
+def test_chars_alphabet_counts_symbols_of_invalid_utf8_as_the_engines_do(spark, tmp_path):
+    """A binary text column with invalid UTF-8 under the chars alphabet: each byte of an
+    invalid sequence is one symbol to the engines (surrogateescape), and the run's token
+    counts say so; Spark's length() took a lead byte and the two bytes after it for one
+    character ("caf\\xe4 ab" counted 1 where the engines see 3)."""
+    from pipeline.train import train
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    rows = [b"caf\xe4ab abab \x80\x80ab", "é abab".encode(), b"\xf0\x9f ab"]
+    pq.write_table(pa.table({"text": pa.array(rows, pa.binary())}), src / "part-0.parquet")
+    run = tmp_path / "run"
+    res = train(spark, Config(input=str(src), output=str(run), num_merges=3, alphabet="chars",
+                              end_of_word_suffix="_", progress_bar=False))
+    table = pq.read_table(run / "words" / "data")
+    want = sum((len(w.decode("utf-8", "surrogateescape")) + 1) * c for w, c in
+               zip(table.column("word").to_pylist(), table.column("count").to_pylist()))
+    assert res.stats["corpus_tokens_before"] == want
+    ids, counts, base = oracle_input(run, "chars", "_")
+    assert res.merges == train_oracle(ids, counts, base.tokens, 3)
+    assert res.stats["corpus_tokens_after"] == want - sum(m.count for m in res.merges)
+
+
 def test_a_chars_rerun_over_a_bytes_run_leaves_none_of_its_exports(spark, tmp_path):
     """A chars run writes no tiktoken or tokenizers export: rerun over a bytes run's
     directory, it removes the earlier run's (they would sit beside the new run.json, which

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -71,6 +71,25 @@ def normalize_uri(uri: str) -> str:
     ``inputFiles()`` and ``_metadata.file_path`` percent-encode it (``part%231.parquet``)."""
     u = urlparse(uri)
     return f"{u.scheme or 'file'}://{u.netloc}{unquote(u.path)}"
+
+
+def as_uri(path: str) -> str:
+    """The URI Spark would give for a path spelled as :func:`normalize_path` spells it (its
+    name percent-encoded): ``normalize_uri(as_uri(p)) == p``."""
+    u = normalize_path(path)
+    s, _, rest = u.partition("://")
+    netloc, slash, name = rest.partition("/")
+    return f"{s}://{netloc}{quote(slash + name, safe='/')}"
+
+
+GLOB_CHARACTERS = re.compile(r"([\\{}\[\]*?])")
+
+
+def literal_path(uri: str) -> str:
+    """A file named by Spark's URI (``inputFiles()``) as its readers take one file: its name
+    decoded (a reader reads ``%20`` as three characters) and glob characters escaped (a reader
+    reads ``[ab]`` as a pattern)."""
+    return GLOB_CHARACTERS.sub(r"\\\1", normalize_uri(uri))
 
 
 def normalize_path(path: str) -> str:
@@ -455,7 +474,7 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
     for i, name in enumerate(names):
         df, files, path, block, row = read_source(spark, cfg, name, frame)
         if path is None:  # a view: its rows count as its first file's
-            path, corpus.by_file = F.lit(files[0]), False
+            path, corpus.by_file = F.lit(as_uri(files[0])), False  # (as Spark names it)
         frames.append(df.select(F.col(cfg.text_column).alias("text"),
                                 F.lit(i).cast("int").alias("source"),
                                 path.alias("path"),
@@ -699,7 +718,8 @@ def _read_json(spark: SparkSession, cfg: Config, name: str, all_columns: bool = 
     """JSON lines with a schema of the text column alone (``all_columns``: every column, for
     the encode job's keys), taken from the first file: left to itself Spark infers the schema
     from every row of every file, one more full pass over the corpus before the count's.
-    (Without the column in the first file, that file's frame is returned, for
+    Files without a row (an empty partition's) are passed over: the schema comes from the
+    first one with rows. (Without the column there, that file's frame is returned, for
     check_text_column to name its columns.)"""
     column = cfg.text_column
     files = sorted(spark.read.schema(T.StructType([T.StructField(column, T.StringType())]))
@@ -707,12 +727,25 @@ def _read_json(spark: SparkSession, cfg: Config, name: str, all_columns: bool = 
     _refuse_parquet_read_as_text(cfg, [normalize_uri(f) for f in files])  # before a scan
     if not files:
         return spark.read.options(**JSON_OPTIONS).json(name)
-    # (the schema is inferred leniently: a malformed line is the count's to name, with its file)
-    first = spark.read.option("maxStringLen", JSON_OPTIONS["maxStringLen"]).json(files[0])
+    first = _first_json_schema(spark, files)
     if column not in first.columns:
         return first
     schema = first.schema if all_columns else T.StructType([first.schema[column]])
     return spark.read.options(**JSON_OPTIONS).schema(schema).json(name)
+
+
+def _first_json_schema(spark: SparkSession, files: list[str]) -> DataFrame:
+    """The first of ``files`` (Spark's URIs) that has columns, read alone, inferring its
+    schema leniently (a malformed line is the count's to name, with its file); files with no
+    row have none, so the next ones are read, in growing groups (1, 4, 16, ... files: an
+    inference reads its files whole, a job each). The last group's frame when none has any."""
+    reader = spark.read.option("maxStringLen", JSON_OPTIONS["maxStringLen"])
+    start, size = 0, 1
+    while True:
+        frame = reader.json([literal_path(f) for f in files[start:start + size]])
+        start, size = start + size, size * 4
+        if frame.columns or start >= len(files):
+            return frame
 
 
 def _reason(exc: Exception) -> str:
@@ -835,7 +868,8 @@ def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, p
     corpus = list_local_sources(cfg, footers, [] if cfg.ignore_corrupt_files else None)
     if corpus is None:
         start_session(spark)
-        corpus = read_sources(spark, cfg)
+        with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):  # as the count read it
+            corpus = read_sources(spark, cfg)
     return corpus.files, footers
 
 
