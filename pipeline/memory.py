@@ -39,14 +39,16 @@ def local_engine_bytes(symbols: int) -> int:
     return DRIVER_BASE_BYTES + LOCAL_BYTES_PER_SYMBOL * int(symbols)
 
 
-def parse_size(text: str | None) -> int | None:
-    """Spark's memory strings (``512m``, ``2g``, ``1536``: MiB by default) in bytes."""
+def parse_size(text: str | None, default_unit: str = "m") -> int | None:
+    """Spark's size strings in bytes: ``512m``, ``2g``, ``2gb``, ``100b``; a bare number is in
+    ``default_unit``, the key's own (MiB for the memory keys, bytes for
+    ``spark.driver.maxResultSize``)."""
     if not text:
         return None
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*", text.lower())
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(b?)\s*", text.lower())
     if not m:
         return None
-    unit = m.group(2) or "m"
+    unit = m.group(2) or (" " if m.group(3) else default_unit)
     return int(float(m.group(1)) * 1024 ** " kmgtp".index(unit))
 
 
@@ -72,11 +74,30 @@ def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgrou
                 usage = int(fh.read().strip())
         except (OSError, ValueError):
             continue
+        usage -= _reclaimable(directory)
         if limit.isdigit() and int(limit) < (1 << 60):
             left = int(limit) - usage
             if avail is None or left < avail:
                 avail, what = left, "left under the container's memory limit"
     return avail, what
+
+
+def _reclaimable(directory: str) -> int:
+    """The cgroup's inactive page cache (``inactive_file`` in v2's ``memory.stat``,
+    ``total_inactive_file`` in v1's), which its usage counts but the kernel reclaims before
+    it kills anything: the count's reading of the corpus fills it (kubelet leaves it out of
+    a container's working set the same way)."""
+    found = {}
+    try:
+        with open(os.path.join(directory, "memory.stat"), encoding="ascii") as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key in ("inactive_file", "total_inactive_file"):
+                    found[key] = int(value)
+    except (OSError, ValueError):
+        return 0
+    # (v1 has both: its usage is the hierarchy's, as total_ is)
+    return found.get("total_inactive_file", found.get("inactive_file", 0))
 
 
 def _cgroup_memory_files(cgroup: str, proc_cgroup: str) -> list[tuple[str, str, str]]:
@@ -172,8 +193,14 @@ def driver_fetch_limit(conf: dict[str, str], rows: bool = False) -> int:
     heap = parse_size(conf.get("spark.driver.memory")) or 1024 * MB
     share = heap // 32 if rows else heap // 8
     max_result = conf.get("spark.driver.maxResultSize", "1g")
-    limit = parse_size(max_result) if max_result.strip() != "0" else None
+    limit = parse_size(max_result, " ") if max_result.strip() != "0" else None  # (bytes)
     return min(share, limit) if limit else share
+
+
+# a bucket's words are one Arrow binary array (32-bit offsets: under 2 GiB of bytes); the
+# partial counts' bytes bound their words' bytes, so a bucket of at most 1 GiB of them is safe
+# with room for an uneven hash
+MAX_BUCKET_BYTES = 1 << 30
 
 
 def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
@@ -184,8 +211,8 @@ def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
     why. ``auto`` also needs each task's output (``largest_task``) to pass through the driver
     JVM (``fetch_limit``, :func:`driver_fetch_limit`)."""
     buckets = 1
-    while count_merge_bytes(partial_bytes, buckets) > budget.bytes \
-            and buckets < MAX_MERGE_BUCKETS:
+    while (count_merge_bytes(partial_bytes, buckets) > budget.bytes
+           or partial_bytes > buckets * MAX_BUCKET_BYTES) and buckets < MAX_MERGE_BUCKETS:
         buckets *= 2
     need = count_merge_bytes(partial_bytes, buckets)
     split = f" in {buckets} hash buckets" if buckets > 1 else ""

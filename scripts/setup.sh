@@ -23,8 +23,23 @@ if [ "$(java_major)" -lt 17 ]; then
 fi
 
 PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+venv_ok() { [ -x .venv/bin/python ] && .venv/bin/python -m pip --version >/dev/null 2>&1; }
+if ! venv_ok; then
+  # (a venv left without pip by an earlier failed attempt is made again: --clear)
+  if ! "$PY" -m venv --clear .venv >/dev/null 2>&1; then
+    ver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      echo "setup: installing python3-venv with apt-get (Debian's Python has no venv without it)" >&2
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python$ver-venv" >/dev/null \
+        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      "$PY" -m venv --clear .venv
+    else
+      echo "error: $PY cannot make a virtual environment (on Debian or Ubuntu: apt install" \
+           "python$ver-venv), then run this again" >&2
+      exit 1
+    fi
+  fi
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[spark,test]"

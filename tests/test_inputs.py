@@ -1066,3 +1066,27 @@ def test_a_rerun_that_skips_corrupt_files_lists_the_input_as_the_count_did(
     with caplog.at_level(logging.INFO, logger="pipeline"):
         train(spark, cfg)
     assert "reusing the word table" in caplog.text
+
+
+def test_num_partitions_does_not_move_a_dataframes_rows(spark, tmp_path, monkeypatch):
+    """num_partitions repartitions Parquet files' rows by file, then sorts each file's rows by
+    row index; a DataFrame counted by its own partitions has neither (its path is one
+    literal, its row index null), so all its rows were hashed to one task and sorted on
+    equal keys (in order only until the sort spilled). Its partitions are kept, and the
+    count equals the one without num_partitions."""
+    from pipeline import api
+
+    moved = []
+    df = spark.createDataFrame([(t,) for t in sample_lines(60)], "text string").repartition(3)
+    frame_class = type(df)  # (Spark 4's classic DataFrame, which defines its own)
+    real = frame_class.repartition
+
+    def spy(self, *args, **kwargs):
+        moved.append(args)
+        return real(self, *args, **kwargs)
+
+    plain = api.count_words(df, output=str(tmp_path / "a"), spark=spark)
+    monkeypatch.setattr(frame_class, "repartition", spy)
+    api.count_words(df, output=str(tmp_path / "b"), spark=spark, num_partitions=5)
+    assert not [a for a in moved if "path" in a], moved
+    assert table_rows(tmp_path / "b") == table_rows(tmp_path / "a") and plain["files"] == 1

@@ -109,9 +109,46 @@ def test_the_budget_comes_from_the_driver_memory_that_exists():
 
 @pytest.mark.parametrize("text,expected", [("512m", 512 * MB), ("2g", 2 * GB), ("1536", 1536 * MB),
                                            ("1.5g", int(1.5 * GB)), ("300k", 300 * 1024),
+                                           ("2gb", 2 * GB), ("1073741824b", GB), ("100B", 100),
                                            ("", None), ("lots", None)])
 def test_spark_memory_strings(text, expected):
+    """Spark's size strings; "b" is bytes (it read as MiB: '2147483648b' for the driver's
+    heap made a 2 PiB heap and a budget of 0)."""
     assert parse_size(text) == expected
+
+
+def test_max_result_size_in_plain_bytes_is_read_as_bytes():
+    """spark.driver.maxResultSize is in bytes when it has no unit (the memory keys in MiB):
+    268435456 was read as 256 TiB, so task outputs over it were fetched and Spark failed."""
+    conf = {"spark.driver.memory": "8g"}
+    assert driver_fetch_limit({**conf, "spark.driver.maxResultSize": "268435456"}) == 256 * MB
+    assert driver_fetch_limit({**conf, "spark.driver.maxResultSize": "256m"}) == 256 * MB
+    assert driver_budget(0, {"spark.driver.memory": "2147483648b"},
+                         available=(16 * GB, "x")).bytes == int(0.8 * 14 * GB)
+
+
+def test_the_page_cache_a_container_can_reclaim_is_not_counted_as_used(tmp_path):
+    """A cgroup's usage counts its page cache: after the count read the corpus, an 8 GiB
+    container using 7.75 GiB, 6 GiB of it inactive file pages, left a budget of 0 and every
+    merge went to Spark; the inactive page cache is memory the driver can have (v2's
+    inactive_file, v1's hierarchical total_inactive_file)."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable: 25000000 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.max").write_text(f"{8 * GB}\n")
+    (cg / "memory.current").write_text(f"{7 * GB + 768 * MB}\n")
+    (cg / "memory.stat").write_text(f"anon 1000\nfile {7 * GB}\nactive_file {GB}\n"
+                                    f"inactive_file {6 * GB}\n")
+    assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none")) == (
+        6 * GB + 256 * MB, "left under the container's memory limit")
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{8 * GB}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{7 * GB}\n")
+    (v1 / "memory.stat").write_text(f"inactive_file {GB}\ntotal_inactive_file {5 * GB}\n")
+    assert available_bytes(str(meminfo), str(tmp_path / "v1"), str(tmp_path / "none"))[0] \
+        == 6 * GB
 
 
 def test_available_memory_reads_meminfo_and_the_cgroup_limit(tmp_path):
@@ -157,3 +194,16 @@ def test_the_limit_of_the_process_own_cgroup_and_its_parents_counts(tmp_path):
     (v1 / "memory.usage_in_bytes").write_text("5\n")
     proc.write_text("4:memory:/docker/abc\n1:cpu:/docker/abc\n")
     assert available_bytes(str(meminfo), str(cg), str(proc))[0] == GB
+
+
+def test_the_count_merge_never_puts_over_a_gib_of_partial_counts_in_one_bucket():
+    """A bucket's words become one Arrow binary array, whose 32-bit offsets stop at 2 GiB:
+    a driver with memory for one bucket of 13 GB of partial counts took them whole and
+    failed in pyarrow (offset overflow). The buckets are sized by bytes as well as memory."""
+    from pipeline.memory import choose_count_merge
+
+    huge = Budget(1 << 50, "x")
+    assert choose_count_merge("auto", 900 * MB, huge)[:2] == ("driver", 1)
+    where, buckets, _ = choose_count_merge("auto", 13 * GB, huge)
+    assert where == "driver" and buckets == 16  # 13 GB in buckets of at most 1 GiB
+    assert choose_count_merge("driver", 3 * GB, huge)[1] == 4

@@ -418,6 +418,7 @@ class Corpus:
     footers: dict[str, pq.FileMetaData] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     by_file: bool = True  # each row knows its file (not a view's rows: all its first file's)
+    from_frame: bool = False  # a DataFrame (pipeline.api): its rows' order is its own
 
 
 def _source_weights(cfg: Config, n: int) -> list[int]:
@@ -484,6 +485,7 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
         corpus.keys += [(i, normalize_path(f)) for f in files]
         corpus.weights += [weights[i]] * len(files)
     corpus.df = functools.reduce(DataFrame.unionByName, frames)
+    corpus.from_frame = frame is not None
     return corpus
 
 

@@ -293,8 +293,10 @@ def _partial_frame(corpus: Corpus, cfg: Config, spec: PretokenizerSpec,
     assert corpus.df is not None
     file_index = {(src, f): i for i, (src, f) in enumerate(corpus.keys)}
     src = corpus.df
-    if cfg.num_partitions and cfg.input_format == "parquet" and not cfg.input_table:
-        # keep each file's rows in order inside a partition: repartition by file, sort rows
+    if cfg.num_partitions and cfg.input_format == "parquet" and not cfg.input_table \
+            and not corpus.from_frame:  # (a DataFrame's rows may have no file or row index:
+        # hashed to one task, sorted on equal keys) keep each file's rows in order inside a
+        # partition: repartition by file, sort rows
         src = src.repartition(cfg.num_partitions, "source", "path").sortWithinPartitions(
             "source", "path", "row")
     count = _count_partition_fn(spec, file_index, corpus.weights, cfg.max_word_bytes, counts)
