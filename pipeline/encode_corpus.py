@@ -72,6 +72,7 @@ from pipeline.config import ENCODE, Config, ConfigError, check_output_place, unn
 from pipeline.count.corpus import (
     check_local_footers,
     check_text_column,
+    column,
     format_name,
     read_corpus,
     unreadable_file_error,
@@ -160,7 +161,7 @@ def check_encode_config(cfg: Config, spark: SparkSession | None = None,
          f"config key 'encode_engine' must be one of {ENCODE_ENGINES}, "
          f"not {cfg.encode_engine!r}")
     need(cfg.ids_column != "", "config key 'ids_column' is empty")
-    need(cfg.ids_column not in cfg.key_columns,
+    need(cfg.ids_column.lower() not in {k.lower() for k in cfg.key_columns},
          f"config key 'ids_column': {cfg.ids_column!r} is also a key column")
     need(len(set(cfg.key_columns)) == len(cfg.key_columns), "config key 'key_columns' has "
                                                             "duplicates")
@@ -504,11 +505,15 @@ def _encode_fn(bc, acc, out_schema: pa.Schema, counts: TaskCounts, numbered: boo
         report = counts.reporter(task)
         rows = BlockRows() if numbered else None
         for batch in batches:
+            keys = batch.columns[1:]
+            batch = pa.RecordBatch.from_arrays(  # the key columns' own names (for errors)
+                batch.columns, names=["text", *out_schema.names[:len(keys)]])
+            if rows is not None:  # (file, block) -> (file, block, row), before the encode: an
+                keys = [*keys, rows.number(*keys)]  # error names the row by all its keys
+                batch = pa.RecordBatch.from_arrays(
+                    [batch.column(0), *keys], names=[*batch.schema.names, "row"])
             ids = encode_batch(enc, batch, stats, ids_type)
             report.update(stats["rows"], stats["bytes"])
-            keys = batch.columns[1:]
-            if rows is not None:  # (file, block) -> (file, block, row)
-                keys = [*keys, rows.number(*keys)]
             yield pa.RecordBatch.from_arrays([*keys, ids], schema=out_schema)
         report.finish(stats["rows"], stats["bytes"])
         acc.add({task: stats})
@@ -626,6 +631,18 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
     return summary
 
 
+def refuse_files_listed_twice(files: list[str]) -> None:
+    """Inputs that overlap (a folder and a file in it): the file's rows would be encoded
+    twice, under the same keys, which nothing downstream could tell apart."""
+    seen: set[str] = set()
+    for f in files:
+        if f in seen:
+            raise ConfigError(f"config key 'input': {f} is in more than one of the inputs; its "
+                              "rows would be encoded twice under the same keys: give each "
+                              "file once")
+        seen.add(f)
+
+
 def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
                 ) -> tuple[list[DataFrame], str, int | None]:
     """The corpus as DataFrames (one per source, same columns), its name for errors, and its
@@ -641,8 +658,7 @@ def _read_input(spark: SparkSession, cfg: Config, frame: DataFrame | None
     if cfg.input_format == "parquet":
         rows = check_local_footers(sorted(set(listed)), can_skip=False,
                                    text_column=cfg.text_column)
-    if len(set(listed)) < len(listed):  # sources that overlap: some files are read twice
-        rows = None
+    refuse_files_listed_twice(listed)
     schemas = {frozenset((f.name, f.dataType.simpleString()) for f in df.schema.fields)
                for df in frames}
     if len(schemas) > 1:
@@ -719,7 +735,7 @@ def _spark_source(spark: SparkSession, cfg: Config, bc: Broadcast,
         keys = [c for c in columns if c != cfg.text_column]
     numbered = False  # keys (file, block, row), row numbered in the tasks
     if keys:
-        extra = [F.col(k) for k in keys]
+        extra = [column(k) for k in keys]
     elif frame is not None:  # no files: Spark's row ids (partition, then row within it)
         keys = ["row"]
         extra = [F.monotonically_increasing_id().alias("row")]
@@ -732,8 +748,8 @@ def _spark_source(spark: SparkSession, cfg: Config, bc: Broadcast,
         extra = [F.col("_metadata.file_path").alias("file"),
                  F.col("_metadata.file_block_start").alias("block")]
     src = functools.reduce(DataFrame.unionByName,
-                           [f.select(F.col(cfg.text_column), *extra) for f in frames])
-    if cfg.ids_column in keys:
+                           [f.select(column(cfg.text_column), *extra) for f in frames])
+    if cfg.ids_column.lower() in {k.lower() for k in keys}:  # (Spark's names: any case)
         raise ConfigError(f"config key 'ids_column': {cfg.ids_column!r} is also a key column; "
                           "choose another name (--ids-column NAME)")
     if numbered:  # rows are numbered in the order each task reads its blocks: no shuffle first
@@ -799,6 +815,9 @@ def _spark_encode(cfg: Config, source: _Source, acc, counts: TaskCounts) -> Data
         carried.append(T.StructField("row", T.LongType(), False))
     out_struct = T.StructType(carried + [
         T.StructField(cfg.ids_column, T.ArrayType(T.IntegerType(), False), True)])
+    # (columns renamed by position: mapInArrow resolves each input column by its name, and
+    # reads "meta.id" as field id of a struct meta; the tasks take the names from out_struct)
+    src = src.toDF(*[f"_spark_bpe_{i}" for i in range(len(src.columns))])
     return src.mapInArrow(_encode_fn(source.bc, acc, to_arrow_schema(out_struct), counts,
                                      source.numbered), out_struct)
 

@@ -63,6 +63,7 @@ from pipeline.encode_corpus import (
     STAT_KEYS,
     EncodePlan,
     encode_batch,
+    refuse_files_listed_twice,
     worker_encoder,
 )
 from pipeline.memory import task_out_of_memory
@@ -191,6 +192,7 @@ def _list(cfg: Config) -> tuple[list[str] | None, dict[str, pq.FileMetaData], st
             return None, footers, (f"{path} is not a file or a directory of files (Parquet, "
                                    f"with a text column {cfg.text_column!r}, readable)")
         files += listed
+    refuse_files_listed_twice(files)
     first = footers[files[0]].schema.to_arrow_schema()
     if any(not footers[f].schema.to_arrow_schema().equals(first) for f in files[1:]):
         return None, footers, "the files' schemas differ"

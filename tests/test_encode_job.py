@@ -686,3 +686,45 @@ def test_an_interrupted_encode_leaves_no_staging_folder(spark, run_dir, held_out
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == []
     monkeypatch.setattr(enc, "_encode_into", real)
     assert encode_corpus(spark, cfg).stats["stats"]["rows"] > 0
+
+
+def test_encode_names_and_keys_that_spark_reads_otherwise(spark, run_dir, tmp_path):
+    """Cases Spark's path met with a traceback, a wrong message or duplicate rows:
+    - a key column named with a dot ("meta.id": F.col read it as field id of a struct meta);
+    - an ids column spelled as a key column in another case (Spark's writer compares names
+      case-insensitively, so it failed after the encode with an AnalysisException);
+    - a row error of a JSON input named its file and block but not its row (the row was
+      numbered after the encode);
+    - inputs that overlap (a folder and a file in it) were encoded twice under the same keys,
+      on both paths."""
+    only_text = tmp_path / "only-text"
+    only_text.mkdir()
+    texts = [f"row {i} of text" if i != 3 else f"row 3 holds {EOT} here" for i in range(5)]
+    (only_text / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    with pytest.raises(ConfigError, match=r'"block": 0, "row": 3\}: the text contains the '
+                                          r'special token'):
+        encode_corpus(spark, Config(input=str(only_text), input_format="json",
+                                    output=str(tmp_path / "e"), tokenizer=str(run_dir)))
+    src = tmp_path / "json"
+    src.mkdir()
+    rows = [{"meta.id": i, "text": f"row {i} of text"} for i in range(5)]
+    (src / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    encode_corpus(spark, Config(input=str(src), input_format="json", output=str(tmp_path / "k"),
+                                tokenizer=str(run_dir), key_columns=["meta.id"]))
+    table = read_output(tmp_path / "k")
+    assert sorted(table.column("meta.id").to_pylist()) == list(range(5))
+    oracle = oracle_encoder(run_dir)
+    assert dict(zip(table.column("meta.id").to_pylist(), table.column("ids").to_pylist())) \
+        == {r["meta.id"]: oracle(r["text"]) for r in rows}
+
+    pq_src = tmp_path / "pq"
+    pq_src.mkdir()
+    pq.write_table(pa.table({"text": ["one row", "another row"]}), pq_src / "a.parquet")
+    with pytest.raises(ConfigError, match="'ids_column': 'FILE' is also a key column"):
+        encode_corpus(spark, Config(input=str(pq_src), output=str(tmp_path / "c"),
+                                    tokenizer=str(run_dir), ids_column="FILE"))
+    for io, source in (("auto", pq_src), ("spark", pq_src)):
+        with pytest.raises(ConfigError, match="is in more than one of the inputs"):
+            encode_corpus(spark, Config(input=f"{source},{source}/a.parquet", encode_io=io,
+                                        output=str(tmp_path / f"o-{io}"),
+                                        tokenizer=str(run_dir)))

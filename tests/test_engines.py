@@ -212,3 +212,31 @@ def test_the_hand_off_pieces_hold_every_word_once_in_order(lengths, per):
         return
     f, ln, c = (np.concatenate(x) for x in zip(*pieces))
     assert (f.tolist(), ln.tolist(), c.tolist()) == (flat.tolist(), lengths, counts.tolist())
+
+
+def test_initial_symbols_of_words_over_2_gib():
+    """A partition whose words hold over 2 GiB of bytes: a large_binary column was cast down
+    to binary (32-bit offsets) and a chunked one joined as binary, both an ArrowInvalid
+    before any merge. Two words of 1.1 GiB, in buffers no page of which is touched."""
+    import pyarrow as pa
+
+    from pipeline.bpe import bytes_vocab
+    from pipeline.engines.local import initial_symbols
+
+    n = 1_100_000_000
+    data = pa.py_buffer(np.zeros(2 * n, dtype=np.uint8))  # (calloc: no page is touched)
+    offsets = pa.py_buffer(np.array([0, n, 2 * n], dtype=np.int64))
+    words = pa.Array.from_buffers(pa.large_binary(), 2, [None, offsets, data])
+    flat, lengths = initial_symbols(bytes_vocab(), words)
+    assert lengths.tolist() == [n, n] and flat.size == 2 * n
+    # a chunked column is joined with 64-bit offsets from LARGE_BINARY_FROM bytes on (a
+    # small threshold here, the same path)
+    chunked = pa.chunked_array([pa.array([b"ab", b"c"]), pa.array([b"", b"def"])])
+    want = initial_symbols(bytes_vocab(), chunked)
+    try:
+        local.LARGE_BINARY_FROM = 4
+        got = initial_symbols(bytes_vocab(), chunked)
+    finally:
+        local.LARGE_BINARY_FROM = 1 << 31
+    assert got[0].tolist() == want[0].tolist() == list(b"abcdef")
+    assert got[1].tolist() == want[1].tolist() == [2, 1, 0, 3]

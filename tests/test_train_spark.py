@@ -60,6 +60,32 @@ def test_spark_rounds_equal_oracle(spark, texts, parts, max_batch, chunk_bytes, 
     assert res.merges == expected
 
 
+def test_partition_states_go_when_building_them_fails(spark, monkeypatch):
+    """A partition whose state cannot be built (here a character the chars vocabulary does
+    not have; a full disk or a SIGTERM alike) fails the build: the states the other tasks
+    had built stayed on the executors' disks (the engine's close() was never reached)."""
+    import uuid
+
+    from pipeline.engines import spark as spark_engine
+    from pipeline.engines.partition import scratch_root
+
+    good = [f"ab{i % 7}ba".encode() for i in range(3)]
+    _, base = initial_words(good, alphabet="chars")
+    many = [("ab" * (i % 50 + 1)).encode() for i in range(150_000)] + [b"abz"]  # z: unknown
+    words = good + many
+    fixed = uuid.UUID(int=0xB0B)
+    monkeypatch.setattr(spark_engine.uuid, "uuid4", lambda: fixed)
+    run = fixed.hex[:12]
+    with pytest.raises(Exception, match="'z'"):
+        SparkPartitions(spark, word_df(spark, words, [1] * len(words)), 2, base)
+
+    def left(_):
+        root = os.path.join(scratch_root(), f"spark-bpe-{run}")
+        yield sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    assert spark.sparkContext.parallelize([0], 1).mapPartitions(left).collect() == [[]]
+
+
 def test_a_half_changed_partition_state_is_rebuilt_from_the_word_table(spark):
     """A task killed while it changes a partition's arrays leaves the state dirty: the next
     round reports the partition lost, the driver rebuilds it from its chunks with the merges

@@ -462,6 +462,12 @@ def skipping_corrupt_files(spark: SparkSession, skip: bool) -> Iterator[None]:
             spark.conf.set(key, before)
 
 
+def column(name: str) -> Column:
+    """The column named ``name`` as it is: a dot is part of the name (``F.col("meta.id")``
+    reads field ``id`` of a struct ``meta``), a backtick too."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
 def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = None) -> Corpus:
     """The corpus through Spark's readers (any format, a catalog table, or a DataFrame); with
     ``ignore_corrupt_files``, read it inside :func:`skipping_corrupt_files`."""
@@ -476,7 +482,7 @@ def read_sources(spark: SparkSession, cfg: Config, frame: DataFrame | None = Non
         df, files, path, block, row = read_source(spark, cfg, name, frame)
         if path is None:  # a view: its rows count as its first file's
             path, corpus.by_file = F.lit(as_uri(files[0])), False  # (as Spark names it)
-        frames.append(df.select(F.col(cfg.text_column).alias("text"),
+        frames.append(df.select(column(cfg.text_column).alias("text"),
                                 F.lit(i).cast("int").alias("source"),
                                 path.alias("path"),
                                 block.cast("long").alias("block"),

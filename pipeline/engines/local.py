@@ -50,6 +50,7 @@ HEAP_START = 4096  # the heap starts with the pairs counted at least as often as
 MIN_CAPACITY = 1024  # smallest position buffer and pair arrays
 BIG = 0xFFFF  # w[p] == BIG: the word's count is at least BIG, kept in big_count
 _CHUNK = 1 << 20  # positions (or words) per step of the initial passes (bounds temporaries)
+LARGE_BINARY_FROM = 1 << 31  # bytes of words from which they are joined with 64-bit offsets
 
 
 def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
@@ -58,11 +59,13 @@ def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
     ``bytes`` alphabet the ids are a uint8 view of the words' bytes (no copy); for ``chars``
     int32 ids from :meth:`BaseVocab.symbols` (``unknown``: the id of a character not in it,
     else KeyError)."""
-    words = words.combine_chunks() if isinstance(words, pa.ChunkedArray) else words
-    if pa.types.is_large_binary(words.type):  # Spark's, with arrow.useLargeVarTypes
-        words = words.cast(pa.binary())  # int32 offsets, read below
+    if isinstance(words, pa.ChunkedArray):
+        if words.nbytes >= LARGE_BINARY_FROM:  # (one binary array's offsets are 32-bit)
+            words = words.cast(pa.large_binary())
+        words = words.combine_chunks()
     if base.alphabet == "bytes":
-        offsets = np.frombuffer(words.buffers()[1], dtype=np.int32)[
+        wide = pa.types.is_large_binary(words.type)  # (Spark's with useLargeVarTypes, too)
+        offsets = np.frombuffer(words.buffers()[1], dtype=np.int64 if wide else np.int32)[
             words.offset : words.offset + len(words) + 1]
         data = np.frombuffer(words.buffers()[2], dtype=np.uint8)
         return data[offsets[0] : offsets[-1]], np.diff(offsets).astype(np.int64)

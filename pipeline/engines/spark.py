@@ -124,12 +124,22 @@ class SparkPartitions:
                   .repartitionByRange(parts, "first_seen").sortWithinPartitions("first_seen")
                   .mapInArrow(_chunker(chunk_bytes), "blob binary"))
         self.chunks = chunks.rdd.map(lambda r: bytes(r[0])).persist(StorageLevel.DISK_ONLY)
-        self.chunk_count = self.chunks.count()
         self._hist_bc = self.sc.broadcast(self.history)
         self._hist_at = self.gen  # merges in the history broadcast
         self._old_bcs: list = []
-        self.holders = self._build_holders(self._hist_bc)
-        sizes = dict(self.holders.collect())
+        built = False
+        try:
+            self.chunk_count = self.chunks.count()
+            built = True  # (from here on, tasks may have left states)
+            self.holders = self._build_holders(self._hist_bc)
+            sizes = dict(self.holders.collect())
+        except BaseException:  # (a failed task, a full disk, a SIGTERM) the states built so
+            if built:  # far go: nothing else would remove them
+                self._remove_states(self.chunks)
+            self.chunks.unpersist(blocking=False)
+            for b in (self._hist_bc, self._base):
+                b.unpersist(blocking=False)
+            raise
         self._sizes = sizes
         self.handoff_tokens = HANDOFF_TOKENS
         self.parts = sorted(sizes)
@@ -138,6 +148,21 @@ class SparkPartitions:
         for p in self.parts:  # range partitions: ids ascend with first_seen
             self.offsets[p] = acc
             acc += sizes[p]
+
+    def _remove_states(self, rdd) -> None:
+        """Remove this run's partition states: one task per partition of ``rdd``, a cached RDD
+        whose blocks are where the states were built (the holders; or, when building them
+        failed, the chunks they were built from, which are not computed again)."""
+        run = self.run
+
+        def remove(index: int, recs: Iterator) -> Iterator[int]:
+            PartitionStore(run, index).remove()
+            yield index
+
+        try:
+            rdd.mapPartitionsWithIndex(remove).count()
+        except Exception as exc:  # noqa: BLE001 - leftovers go with the application's dirs
+            log.warning("could not remove the partition states: %s", str(exc).splitlines()[0])
 
     # -- holders -------------------------------------------------------------------------------
     def _build_holders(self, hist_bc):
@@ -304,16 +329,7 @@ class SparkPartitions:
 
     def close(self) -> None:
         """Remove the partition states and drop what Spark cached for them."""
-        run = self.run
-
-        def remove(index: int, recs: Iterator) -> Iterator[int]:
-            PartitionStore(run, index).remove()
-            yield index
-
-        try:
-            self.holders.mapPartitionsWithIndex(remove).count()
-        except Exception as exc:  # noqa: BLE001 - leftovers go with the application's dirs
-            log.warning("could not remove the partition states: %s", str(exc).splitlines()[0])
+        self._remove_states(self.holders)
         self.holders.unpersist(blocking=False)
         self.chunks.unpersist(blocking=False)
         for b in [*self._old_bcs, self._hist_bc, self._base]:
