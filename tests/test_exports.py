@@ -618,3 +618,22 @@ def test_a_run_file_damaged_past_utf8_or_a_file_for_the_run_is_one_clear_error(t
     (run / "run.json").write_text(json.dumps({**meta, "files": ["merges.txt"]}))
     with pytest.raises(IncompleteRun, match="run.json is corrupt"):
         check_run(str(run), ["merges.txt"])
+
+
+def test_a_custom_pattern_tiktoken_reads_otherwise_is_not_given_to_tiktoken(tmp_path):
+    """A custom pattern both engines compile but read otherwise (``\\h`` is horizontal space
+    to the regex package, a hex digit to fancy-regex): the encode job's tiktoken engine gave
+    other ids, silently. A split probe at plan time keeps such a run on the reference
+    encoder (and the export agrees with ours wherever the probe passes)."""
+    from pipeline.encode_corpus import _tiktoken_unavailable
+
+    meta = {"alphabet": "bytes", "duplicate_tokens": []}
+    pattern = r"\h+|\w{1,2}|\s+|."
+    why = _tiktoken_unavailable({**meta, "pattern": pattern})
+    assert "tiktoken's regex engine splits the run's pattern otherwise: 'abc\\n' into ['abc'" in why
+    for same in ("cl100k", "gpt2", "o200k", r"\S+$|\S{1,3}|\s+", r"\p{L}+|\p{N}+|\s+|."):
+        assert _tiktoken_unavailable({**meta, "pattern": same}) == "", same
+    train_in_memory(["ab ab ab ca\n"] * 10, tmp_path, pattern, 259, (), min_pair_count=1)
+    ours = Tokenizer.load(str(tmp_path))
+    tk = load_tiktoken(str(tmp_path))
+    assert ours.encode("cab") != tk.encode("cab")  # (what the probe keeps from the job)
