@@ -818,6 +818,7 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
             else:
                 _spark_encode(cfg, source, acc, counts).write.option(
                     "compression", OUTPUT_COMPRESSION).parquet(fsutil.spark_path(tmp))
+            counts.end_reading()  # (the end line: every task done, as the tracker may not say)
     except Exception as exc:
         msg = _row_error(exc)
         if msg is not None:  # a row this config cannot encode: which key decides that

@@ -526,7 +526,7 @@ class TaskCounts:
     ended: Accumulator
     total_rows: int | None = None  # rows to read, when known before the tasks run
     phase: str = ""  # what the driver does after the tasks, for the heartbeat
-    on_phase: Callable[[str], None] | None = None  # set by read_progress (driver side)
+    on_phase: Callable[[str | None], None] | None = None  # set by read_progress (driver)
 
     def begin(self, phase: str) -> None:
         """Start a phase of the stage: "" when the tasks that read start, else what the
@@ -535,6 +535,12 @@ class TaskCounts:
         if self.on_phase is not None:  # first: a heartbeat must not see the new phase
             self.on_phase(phase)  # with the old one's jobs
         self.phase = phase
+
+    def end_reading(self) -> None:
+        """The reading's tasks have all ended (a stage with no phase after them, the encode):
+        its end line says so, whatever Spark's status tracker, which hears late, says yet."""
+        if self.on_phase is not None:
+            self.on_phase(None)
 
     @classmethod
     def create(cls, sc: SparkContext, local: bool | None = None) -> TaskCounts:
@@ -586,8 +592,13 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
     state: dict = {"began": time.time(), "read_began": None, "read_seconds": None,
                    "before_read": frozenset(), "before_phase": frozenset(), "read_jobs": None}
 
-    def on_phase(name: str) -> None:
+    def on_phase(name: str | None) -> None:
         now, known = time.time(), jobs()
+        if name is None:  # the reading ended, no phase follows (TaskCounts.end_reading)
+            if state["read_seconds"] is None and state["read_began"] is not None:
+                state.update(read_seconds=now - state["read_began"],
+                             read_jobs=known - state["before_read"])
+            return
         update: dict = {"began": now, "before_phase": known}
         if not name:
             update.update(read_began=now, before_read=known)

@@ -233,8 +233,10 @@ def test_initial_symbols_of_words_over_2_gib():
     # small threshold here, the same path)
     chunked = pa.chunked_array([pa.array([b"ab", b"c"]), pa.array([b"", b"def"])])
     want = initial_symbols(bytes_vocab(), chunked)
+    assert local.joined(chunked).type == pa.binary()
     try:
         local.LARGE_BINARY_FROM = 4
+        assert local.joined(chunked).type == pa.large_binary()
         got = initial_symbols(bytes_vocab(), chunked)
     finally:
         local.LARGE_BINARY_FROM = 1 << 31

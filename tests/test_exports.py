@@ -624,8 +624,10 @@ def test_a_custom_pattern_tiktoken_reads_otherwise_is_not_given_to_tiktoken(tmp_
     """A custom pattern both engines compile but read otherwise (``\\h`` is horizontal space
     to the regex package, a hex digit to fancy-regex): the encode job's tiktoken engine gave
     other ids, silently. A split probe at plan time keeps such a run on the reference
-    encoder (and the export agrees with ours wherever the probe passes)."""
-    from pipeline.encode_corpus import _tiktoken_unavailable
+    encoder (auto), and an explicit tiktoken engine is refused; patterns it reads alike pass
+    (that their exports then agree with ours: test_custom_patterns_with_anchors_...)."""
+    from pipeline.config import Config, ConfigError
+    from pipeline.encode_corpus import _tiktoken_unavailable, load_plan
 
     meta = {"alphabet": "bytes", "duplicate_tokens": []}
     pattern = r"\h+|\w{1,2}|\s+|."
@@ -637,3 +639,34 @@ def test_a_custom_pattern_tiktoken_reads_otherwise_is_not_given_to_tiktoken(tmp_
     ours = Tokenizer.load(str(tmp_path))
     tk = load_tiktoken(str(tmp_path))
     assert ours.encode("cab") != tk.encode("cab")  # (what the probe keeps from the job)
+    cfg = Config(tokenizer=str(tmp_path), input=str(tmp_path), output=str(tmp_path / "o"))
+    assert load_plan(None, cfg).engine == "reference"
+    cfg.encode_engine = "tiktoken"
+    with pytest.raises(ConfigError, match="tiktoken cannot encode with this run: tiktoken's "
+                                          "regex engine splits the run's pattern otherwise"):
+        load_plan(None, cfg)
+
+
+def test_an_executor_without_tiktoken_encodes_with_the_reference(small_run, monkeypatch):
+    """The tiktoken engine chosen on the driver, tiktoken missing on an executor: its encoder
+    falls back to the reference encoder (fell_back, which _encode.json counts as
+    partitions_without_tiktoken) and gives the ids tiktoken gives."""
+    import sys
+
+    import pyarrow as pa
+
+    from pipeline.config import Config
+    from pipeline.encode_corpus import STAT_KEYS, BatchEncoder, encode_batch, load_plan
+
+    cfg = Config(tokenizer=str(small_run.dir), input=str(small_run.dir), output="o",
+                 encode_engine="tiktoken")
+    plan = load_plan(None, cfg)
+    texts = ["hello world, hello there.", "The quick brown fox 123", ""]
+    with_tiktoken = BatchEncoder(plan)
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # (import tiktoken raises ImportError)
+    without = BatchEncoder(plan)
+    assert without.fell_back and without.tk is None and not with_tiktoken.fell_back
+    batch = pa.RecordBatch.from_arrays([pa.array(texts)], names=["text"])
+    stats = dict.fromkeys(STAT_KEYS, 0)
+    ids = encode_batch(without, batch, stats).to_pylist()
+    assert ids == [small_run.tk.encode(t) for t in texts]

@@ -675,8 +675,33 @@ def test_the_end_line_counts_the_readings_tasks_done_before_spark_s_tracker_does
     jobs.append(1)  # the reading's job
     running = poll()  # while it runs: what the tracker says
     assert (running["unit"], running["done"], running["total"]) == ("tasks", 0, 3)
-    counts.begin("writing")
+    counts.begin("merging")  # the count: the phase after the reading
     counts.phase = ""  # the stage's end line
+    end = poll()
+    assert (end["unit"], end["done"], end["tasks"]) == ("rows", 367, "3/3")
+
+
+def test_the_encodes_end_line_counts_its_tasks_done_before_spark_s_tracker_does():
+    """The encode has no phase after its reading: its end line took the tracker's figures,
+    which may not have heard of the tasks' ends ("tasks 0/3" after a 0.1 s job, once in a
+    suite run); it marks the reading's end, and the end line says 3/3."""
+    from types import SimpleNamespace
+
+    from pipeline.spark_session import TaskCounts, read_progress
+
+    stage = SimpleNamespace(numTasks=3, numCompletedTasks=0, numActiveTasks=3)  # not heard yet
+    jobs: list[int] = []
+    tracker = SimpleNamespace(
+        getJobIdsForGroup=lambda group: list(jobs),
+        getJobInfo=lambda job: SimpleNamespace(status="RUNNING", stageIds=[7]),
+        getStageInfo=lambda stage_id: stage)
+    counts = TaskCounts(None, SimpleNamespace(value={0: (367, 125_900)}))
+    counts.total_rows = 367
+    poll = read_progress(SimpleNamespace(statusTracker=lambda: tracker), "g", counts)
+    counts.begin("")
+    jobs.append(1)  # the encode's job
+    assert poll()["tasks"] == "0/3"  # while it runs: what the tracker says
+    counts.end_reading()  # as _encode_into does once its write has returned
     end = poll()
     assert (end["unit"], end["done"], end["tasks"]) == ("rows", 367, "3/3")
 

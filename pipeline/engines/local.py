@@ -53,16 +53,23 @@ _CHUNK = 1 << 20  # positions (or words) per step of the initial passes (bounds 
 LARGE_BINARY_FROM = 1 << 31  # bytes of words from which they are joined with 64-bit offsets
 
 
+def joined(words: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column of words as one array: with 64-bit offsets (large_binary) from
+    ``LARGE_BINARY_FROM`` bytes on, as one binary array's offsets are 32-bit."""
+    if not isinstance(words, pa.ChunkedArray):
+        return words
+    if words.nbytes >= LARGE_BINARY_FROM:
+        words = words.cast(pa.large_binary())
+    return words.combine_chunks()
+
+
 def initial_symbols(base: BaseVocab, words: pa.Array | pa.ChunkedArray,
                     unknown: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The initial symbols of a binary Arrow array of words, flat: (ids, lengths). For the
     ``bytes`` alphabet the ids are a uint8 view of the words' bytes (no copy); for ``chars``
     int32 ids from :meth:`BaseVocab.symbols` (``unknown``: the id of a character not in it,
     else KeyError)."""
-    if isinstance(words, pa.ChunkedArray):
-        if words.nbytes >= LARGE_BINARY_FROM:  # (one binary array's offsets are 32-bit)
-            words = words.cast(pa.large_binary())
-        words = words.combine_chunks()
+    words = joined(words)
     if base.alphabet == "bytes":
         wide = pa.types.is_large_binary(words.type)  # (Spark's with useLargeVarTypes, too)
         offsets = np.frombuffer(words.buffers()[1], dtype=np.int64 if wide else np.int32)[
