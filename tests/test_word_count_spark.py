@@ -654,22 +654,30 @@ def test_a_count_heartbeat_counts_the_tasks_of_its_phase_only(spark):
     counts.close()
 
 
-def test_the_end_line_counts_the_readings_tasks_done_before_spark_s_tracker_does():
-    """Spark's status tracker hears of tasks ending through its listener bus, a little late:
-    an encode whose job took 0.1 s ended with "tasks 0/3" (once in a suite run). The reading
-    has ended when the next phase begins, so the end line says all its tasks are done."""
+def _tracker_that_has_not_heard():
+    """A SparkContext stand-in whose status tracker has not heard of any of a job's 3 tasks
+    ending (its jobs: the list returned), and TaskCounts whose tasks read 367 rows."""
     from types import SimpleNamespace
 
-    from pipeline.spark_session import TaskCounts, read_progress
+    from pipeline.spark_session import TaskCounts
 
-    stage = SimpleNamespace(numTasks=3, numCompletedTasks=0, numActiveTasks=3)  # not heard yet
+    stage = SimpleNamespace(numTasks=3, numCompletedTasks=0, numActiveTasks=3)
     jobs: list[int] = []
     tracker = SimpleNamespace(
         getJobIdsForGroup=lambda group: list(jobs),
         getJobInfo=lambda job: SimpleNamespace(status="RUNNING", stageIds=[7]),
         getStageInfo=lambda stage_id: stage)
-    sc = SimpleNamespace(statusTracker=lambda: tracker)
     counts = TaskCounts(None, SimpleNamespace(value={0: (367, 125_900)}))
+    return SimpleNamespace(statusTracker=lambda: tracker), jobs, counts
+
+
+def test_the_end_line_counts_the_readings_tasks_done_before_spark_s_tracker_does():
+    """Spark's status tracker hears of tasks ending through its listener bus, a little late:
+    an encode whose job took 0.1 s ended with "tasks 0/3" (once in a suite run). The reading
+    has ended when the next phase begins, so the end line says all its tasks are done."""
+    from pipeline.spark_session import read_progress
+
+    sc, jobs, counts = _tracker_that_has_not_heard()
     poll = read_progress(sc, "g", counts)
     counts.begin("")
     jobs.append(1)  # the reading's job
@@ -685,19 +693,11 @@ def test_the_encodes_end_line_counts_its_tasks_done_before_spark_s_tracker_does(
     """The encode has no phase after its reading: its end line took the tracker's figures,
     which may not have heard of the tasks' ends ("tasks 0/3" after a 0.1 s job, once in a
     suite run); it marks the reading's end, and the end line says 3/3."""
-    from types import SimpleNamespace
+    from pipeline.spark_session import read_progress
 
-    from pipeline.spark_session import TaskCounts, read_progress
-
-    stage = SimpleNamespace(numTasks=3, numCompletedTasks=0, numActiveTasks=3)  # not heard yet
-    jobs: list[int] = []
-    tracker = SimpleNamespace(
-        getJobIdsForGroup=lambda group: list(jobs),
-        getJobInfo=lambda job: SimpleNamespace(status="RUNNING", stageIds=[7]),
-        getStageInfo=lambda stage_id: stage)
-    counts = TaskCounts(None, SimpleNamespace(value={0: (367, 125_900)}))
+    sc, jobs, counts = _tracker_that_has_not_heard()
     counts.total_rows = 367
-    poll = read_progress(SimpleNamespace(statusTracker=lambda: tracker), "g", counts)
+    poll = read_progress(sc, "g", counts)
     counts.begin("")
     jobs.append(1)  # the encode's job
     assert poll()["tasks"] == "0/3"  # while it runs: what the tracker says
