@@ -911,3 +911,15 @@ def test_text_columns_spark_reads_as_text_are_counted_by_the_default_reader(spar
     pq.write_table(pa.table({"text": bad.dictionary_encode()}), lake / "p.parquet")
     count_words(spark, Config(input=str(lake), output=str(tmp_path / "w2")))
     assert_word_table(tmp_path / "w2", naive_count([[b"ok \xff", b"ok"] * 3]))
+
+
+def test_a_file_of_another_format_read_as_parquet_says_which_flag_reads_it(tmp_path):
+    """JSON lines given without --input-format: the error said only to fix, remove or skip
+    the file (and skipping it left no file to read); its name says what it is, and so does
+    the error."""
+    from pipeline.count.corpus import list_local_corpus
+
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
+    with pytest.raises(ConfigError, match=r"a\.jsonl is not a readable Parquet file .*if the "
+                                          r"input is json files, pass --input-format json"):
+        list_local_corpus(str(tmp_path), "text")

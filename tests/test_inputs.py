@@ -1090,3 +1090,24 @@ def test_num_partitions_does_not_move_a_dataframes_rows(spark, tmp_path, monkeyp
     api.count_words(df, output=str(tmp_path / "b"), spark=spark, num_partitions=5)
     assert not [a for a in moved if "path" in a], moved
     assert table_rows(tmp_path / "b") == table_rows(tmp_path / "a") and plain["files"] == 1
+
+
+def test_the_same_input_written_another_way_reuses_the_word_table(spark, tmp_path, monkeypatch,
+                                                                  caplog):
+    """A run given its input relative to where it ran, then absolute (a scheduler's command
+    run from elsewhere, a trailing slash): the word table recorded the path as typed, so the
+    second run recounted the whole corpus ("counted with another input"); it records the
+    sources as absolute paths, compares them so, and reuses the table."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    pq.write_table(pa.table({"text": sample_lines(40)}), corpus / "part-0.parquet")
+    monkeypatch.chdir(tmp_path)
+    run = str(tmp_path / "run")
+    first = train(spark, Config(input="c", output=run, vocab_size=300, progress_bar=False))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        again = train(spark, Config(input=f"{corpus}/", output=run, vocab_size=300,
+                                    progress_bar=False))
+    assert "reusing the word table" in caplog.text and "recounting" not in caplog.text
+    assert again.already_done and f"is already complete ({len(first.merges)} merges)" \
+        in caplog.text

@@ -140,8 +140,23 @@ def corrupt_file_error(path: str, reason: str, can_skip: bool = True,
     every row of its input gets its ids). ``kind``: :func:`format_name`."""
     what = ("or pass --ignore-corrupt-files to skip unreadable files" if can_skip
             else "then rerun")
+    other = _format_by_name(path) if kind == "Parquet" else None
+    if other is not None:  # (the default format, given another format's file)
+        what = f"or, if the input is {other} files, pass --input-format {other}; {what}"
     return ConfigError(f"config key 'input': {path} is not a readable {kind} file ({reason}); "
                        f"fix or remove it, {what}")
+
+
+_FORMAT_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".csv": "csv",
+                     ".txt": "text", ".text": "text", ".orc": "orc"}
+
+
+def _format_by_name(path: str) -> str | None:
+    """The input format a file's name says it is in (``a.jsonl``, ``b.csv.gz``), or None."""
+    name = path.rsplit("/", 1)[-1].lower()
+    for compressed in (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".deflate"):
+        name = name.removesuffix(compressed)
+    return _FORMAT_OF_SUFFIX.get(os.path.splitext(name)[1])
 
 
 def list_local_corpus(path: str, text_column: str,

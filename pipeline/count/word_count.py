@@ -65,6 +65,7 @@ from pipeline.count.partials import (
 )
 from pipeline.count.word_table import (
     WordTable,
+    absolute_sources,
     arrow_ipc,
     check_replaceable,
     publish_word_table,
@@ -650,7 +651,8 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
         )
     stats["seconds"] = round(time.time() - job.t0, 3)
     stats["files"] = len(files)
-    origin = {**source_meta(cfg), "input_fingerprint": source.fingerprint, "files": len(files)}
+    origin = {**source_meta(cfg), "input_fingerprint": source.fingerprint, "files": len(files),
+              "input": absolute_sources(cfg.input)}  # (a rerun from elsewhere: the same input)
     left_out = {**{k: stats.get(k, 0) for k in ("long_words", "long_word_bytes",
                                                 "rows_with_long_words")},
                 "unreadable_files": stats["skipped_files"]}

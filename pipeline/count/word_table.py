@@ -395,7 +395,21 @@ def source_changes(meta: dict, cfg: Config) -> list[str]:
     files behind it changed is the input fingerprint's job)."""
     now = {**source_meta(cfg), "text_column": cfg.text_column}
     return [f"{k} {meta.get(k, default)!r} then, {now[k]!r} now"
-            for k, default in _SOURCE_DEFAULTS.items() if meta.get(k, default) != now[k]]
+            for k, default in _SOURCE_DEFAULTS.items() if meta.get(k, default) != now[k]
+            and not (k == "input" and absolute_sources(meta.get(k, default))
+                     == absolute_sources(now[k]))]
+
+
+def absolute_sources(value: str) -> str:
+    """An ``input`` as the sources it names, local ones as absolute, normalised paths:
+    ``data/sample`` and ``/repo/data/sample`` from /repo are one input (whether its files
+    are the same is for the input fingerprint to say)."""
+    def absolute(path: str) -> str:
+        if not fsutil.is_local(path):
+            return path
+        return os.path.normpath(os.path.abspath(fsutil.local_path(path)))
+
+    return ",".join(absolute(p) for p in Config(input=value).inputs)
 
 
 def split_settings(meta: dict) -> dict:
