@@ -295,7 +295,8 @@ def test_bad_input_is_one_line(spark, run_dir, held_out, tmp_path):
                   r"not string or binary$"))
     (tmp_path / "rows.jsonl").write_text('{"text": "not Parquet"}\n' * 50)  # a lone file
     cases.append((dict(input=str(tmp_path / "rows.jsonl"), tokenizer=str(run_dir), output=out),
-                  r"rows\.jsonl is not a readable Parquet file .*fix or remove it, then rerun$"))
+                  r"rows\.jsonl is not a readable Parquet file .*fix or remove it, or, if the "
+                  r"input is json files, pass --input-format json; then rerun$"))
     second = tmp_path / "second"  # a second corpus whose key column has another type
     second.mkdir()
     pq.write_table(pa.table({"doc_id": ["a"], "text": ["x"], "lang": ["y"]}),

@@ -22,6 +22,7 @@ kept in the scratch directory of the executor that built it (``engines/partition
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -135,6 +136,7 @@ class SparkPartitions:
             sizes = dict(self.holders.collect())
         except BaseException:  # (a failed task, a full disk, a SIGTERM) the states built so
             if built:  # far go: nothing else would remove them
+                self._wait_for_tasks_to_end()
                 self._remove_states(self.chunks)
             self.chunks.unpersist(blocking=False)
             for b in (self._hist_bc, self._base):
@@ -148,6 +150,16 @@ class SparkPartitions:
         for p in self.parts:  # range partitions: ids ascend with first_seen
             self.offsets[p] = acc
             acc += sizes[p]
+
+    def _wait_for_tasks_to_end(self, timeout: float = 15.0) -> None:
+        """After a failed job, until Spark has stopped its other tasks (a task still building
+        a state would write it after the states are removed), at most ``timeout`` seconds."""
+        tracker = self.sc.statusTracker()
+        end = time.time() + timeout
+        while time.time() < end and any(
+                (info := tracker.getStageInfo(s)) is not None and info.numActiveTasks
+                for s in tracker.getActiveStageIds()):
+            time.sleep(0.2)
 
     def _remove_states(self, rdd) -> None:
         """Remove this run's partition states: one task per partition of ``rdd``, a cached RDD
