@@ -79,6 +79,13 @@ def local_path(path: str) -> str:
     return rest
 
 
+def absolute_local(path: str) -> str:
+    """A local path (or ``file:`` URI) as an absolute, normalised path; others as given."""
+    if not path or not is_local(path):
+        return path
+    return os.path.normpath(os.path.abspath(local_path(path)))
+
+
 class NeedsSpark(RuntimeError):
     """A path on another filesystem (hdfs://, s3a://, ...) with no Spark session to reach it."""
 

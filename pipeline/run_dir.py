@@ -58,15 +58,8 @@ def published_as(cfg: Config, key: str, value):
     if key == "name":
         return value or tokenizer_name(Config(output=cfg.output))
     if key == "report_sample":
-        return absolute_local(value)
+        return fsutil.absolute_local(value)
     return value
-
-
-def absolute_local(path: str) -> str:
-    """A local path (or ``file:`` URI) as an absolute, normalised path; others as given."""
-    if not path or not fsutil.is_local(path):
-        return path
-    return os.path.normpath(os.path.abspath(fsutil.local_path(path)))
 
 
 def saved_config(spark: SparkSession, run_dir: str) -> dict:

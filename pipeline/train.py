@@ -63,7 +63,6 @@ from pipeline.outputs import (
 from pipeline.progress import Progress, Stage, jsonl_at
 from pipeline.report import check_report_sample, write_report
 from pipeline.run_dir import (
-    absolute_local,
     complete_run_still_valid,
     invalidate_run,
     run_summary,
@@ -491,7 +490,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     ``text_column`` instead of ``cfg.input`` (``pipeline.api``)."""
     t_start = time.time()
     # saved absolute in config.json: a rerun from another directory must tell its file apart
-    cfg.report_sample = absolute_local(cfg.report_sample)
+    cfg.report_sample = fsutil.absolute_local(cfg.report_sample)
     inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
     check_run_place(spark, cfg.output, (inside.split("/")[0],) if inside else ())
     with contextlib.ExitStack() as stack:

@@ -404,12 +404,7 @@ def absolute_sources(value: str) -> str:
     """An ``input`` as the sources it names, local ones as absolute, normalised paths:
     ``data/sample`` and ``/repo/data/sample`` from /repo are one input (whether its files
     are the same is for the input fingerprint to say)."""
-    def absolute(path: str) -> str:
-        if not fsutil.is_local(path):
-            return path
-        return os.path.normpath(os.path.abspath(fsutil.local_path(path)))
-
-    return ",".join(absolute(p) for p in Config(input=value).inputs)
+    return ",".join(fsutil.absolute_local(p) for p in Config(input=value).inputs)
 
 
 def split_settings(meta: dict) -> dict:
