@@ -621,6 +621,13 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
     _need(not cfg.input_weights or len(cfg.input_weights) == len(cfg.inputs),
           f"config key 'input_weights': {len(cfg.input_weights)} weights for "
           f"{len(cfg.inputs)} input sources")
+    missing = [flag for flag, absent in (
+        ("--tokenizer RUN_DIR", job == ENCODE and not cfg.tokenizer),
+        ("--input PATH", job in (COUNT, ENCODE) and not (cfg.input or cfg.input_table or frame)),
+        ("--output DIR", not cfg.output)) if absent]
+    if len(missing) > 1:  # all at once, not one per try
+        raise ConfigError(f"give {', '.join(missing[:-1])} and {missing[-1]} (the job's "
+                          "--help lists its settings)")
     _need(cfg.output != "", "config key 'output': set an output directory (--output DIR)")
     if job == COUNT:
         _need(cfg.input != "" or cfg.input_table != "" or frame,
