@@ -71,8 +71,11 @@ def test_partition_states_go_when_building_them_fails(spark, monkeypatch):
 
     good = [f"ab{i % 7}ba".encode() for i in range(3)]
     _, base = initial_words(good, alphabet="chars")
-    many = [("ab" * (i % 50 + 1)).encode() for i in range(150_000)] + [b"abz"]  # z: unknown
-    words = good + many
+    # the range partitions split the words in first-seen order: short words first (a state
+    # built at once), long ones after, the one that fails at their end
+    short = [("ab" * (i % 2 + 1)).encode() for i in range(75_000)]
+    long = [("ab" * (i % 20 + 40)).encode() for i in range(75_000)] + [b"abz"]  # z: unknown
+    words = good + short + long
     fixed = uuid.UUID(int=0xB0B)
     monkeypatch.setattr(spark_engine.uuid, "uuid4", lambda: fixed)
     run = fixed.hex[:12]

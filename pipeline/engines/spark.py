@@ -22,6 +22,7 @@ kept in the scratch directory of the executor that built it (``engines/partition
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -153,13 +154,20 @@ class SparkPartitions:
 
     def _wait_for_tasks_to_end(self, timeout: float = 15.0) -> None:
         """After a failed job, until Spark has stopped its other tasks (a task still building
-        a state would write it after the states are removed), at most ``timeout`` seconds."""
+        a state would write it after the states are removed), at most ``timeout`` seconds;
+        then as long as a killed task's Python worker may still run before Spark kills it
+        (``spark.python.task.killTimeout``: the JVM reports the task killed at once)."""
         tracker = self.sc.statusTracker()
         end = time.time() + timeout
         while time.time() < end and any(
                 (info := tracker.getStageInfo(s)) is not None and info.numActiveTasks
                 for s in tracker.getActiveStageIds()):
             time.sleep(0.2)
+        kill = self.sc.getConf().get("spark.python.task.killTimeout", "2s").strip().lower()
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|min)?", kill)
+        seconds = 2.0 if m is None else float(m.group(1)) * {
+            "ms": 0.001, "m": 60, "min": 60}.get(m.group(2) or "s", 1)
+        time.sleep(min(seconds, timeout) + 0.5)
 
     def _remove_states(self, rdd) -> None:
         """Remove this run's partition states: one task per partition of ``rdd``, a cached RDD
