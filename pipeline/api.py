@@ -186,7 +186,9 @@ def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[st
     if session is None:
         from pyspark.sql import SparkSession
 
-        session = SparkSession.getActiveSession()
+        # (the active session is per thread: from a thread of its own a call sees none, and
+        # stopping the one it then "made", the caller's, would end the caller's work)
+        session = SparkSession.getActiveSession() or SparkSession._instantiatedSession
     if session is None:
         from pipeline.spark_session import build_session
 

@@ -33,6 +33,7 @@ import base64
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -296,6 +297,15 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
             "called with ignore_normalization=True, and then the caller must apply "
             f"normalization={tok.normalization!r}, lowercase={tok.lowercase} first "
             "(tokenizer.json and pipeline.encoder.Tokenizer do it themselves)."
+        )
+    if tok.normalization != "none":
+        notes.append(
+            f"normalization: tokenizer.json's {tok.normalization} uses the Unicode tables "
+            "built into tokenizers, older than Python's (Unicode "
+            f"{unicodedata.unidata_version} here): a character given its decomposition in a "
+            "newer Unicode (72 assigned in Unicode 14, such as U+10781, for tokenizers 0.23 "
+            "under Python 3.11) is left as it is there, normalized by training and "
+            "pipeline.encoder; text with one encodes differently in tokenizers."
         )
     if tok.lowercase:
         notes.append(

@@ -144,7 +144,7 @@ def check_pattern(pattern: str) -> None:
 
 # -- split patterns for Oniguruma (Hugging Face tokenizers) ---------------------------------------
 
-_INTERVAL = regex.compile(r"\{\d*(?:,\d*)?\}")
+_INTERVAL = regex.compile(r"\{(?:\d+(?:,\d*)?|,\d*)\}")  # (``{}`` is a literal)
 _BRACED_ESCAPES = "pPNxgku"
 _FIXED_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
@@ -161,6 +161,15 @@ def _escape_end(src: str, i: int) -> int:
         return i + 3
     if c in _FIXED_ESCAPES:
         return min(len(src), i + 2 + _FIXED_ESCAPES[c])
+    if c.isdigit():  # \0, \0oo, \ooo (octal), else a back-reference of one or two digits
+        octal = "01234567"
+        if c == "0" or (c in octal and src[i + 2:i + 3] and src[i + 2] in octal
+                        and src[i + 3:i + 4] and src[i + 3] in octal):
+            j = i + 2
+            while j < min(len(src), i + 4) and src[j] in octal:
+                j += 1
+            return j
+        return i + 3 if src[i + 2:i + 3].isdigit() else i + 2
     return i + 2
 
 
@@ -195,13 +204,17 @@ def onig_pattern(src: str) -> str:
     - ``X{m,n}+`` is possessive in ``regex`` but a repetition of ``X{m,n}`` in Ruby syntax
       (cl100k's ``\\p{N}{1,3}+`` would swallow a whole run of digits): written ``(?>X{m,n})``;
     - ``^`` / ``$`` are line anchors in Ruby syntax: written ``\\A`` / ``(?=\\n?\\z)`` (the
-      ``regex`` meaning without MULTILINE; with an inline ``(?m)`` they are left as they
-      are, line anchors in both); ``\\Z`` is written ``\\z``;
+      ``regex`` meaning without MULTILINE; where an inline ``(?m)`` or ``(?m:...)`` is in
+      force they are left as they are, line anchors in both); ``\\Z`` is written ``\\z``;
+    - inline flags: ``m`` (MULTILINE) is dropped, Ruby's anchors being line anchors always,
+      and ``s`` (DOTALL) is written ``m``, its Ruby name (Ruby's ``(?m)`` makes ``.`` match a
+      newline); a flag group left empty is dropped;
     - ``(?P<name>...)`` / ``(?P=name)`` are written ``(?<name>...)`` / ``\\k<name>``.
 
     Anything else specific to the ``regex`` package (fuzzy matching, set operations, ``\\m``,
-    inline ``(?s)``...) is copied as is; such custom patterns need checking with ``tokenizers``.
-    Character classes are copied unchanged, so ``^``/``$`` inside them keep their meaning.
+    verbose mode ``(?x)``...) is copied as is; such custom patterns need checking with
+    ``tokenizers``. Character classes are copied unchanged, so ``^``/``$`` inside them keep
+    their meaning.
     """
     return _OnigRewrite(src).run()
 
@@ -218,24 +231,37 @@ def tiktoken_pattern(src: str) -> str:
     return _OnigRewrite(src, only_anchors=True).run()
 
 
-# an inline flag group that turns MULTILINE on (``(?m)``, ``(?im)``, ``(?m:...)``): ``^`` and
-# ``$`` are then line anchors in every engine, and are not rewritten
-_MULTILINE_FLAG = regex.compile(r"\(\?[a-zA-Z]*m[a-zA-Z]*[:)]")
+# an inline flag group, bare (``(?im)``: in force to the end of the enclosing group, as in
+# ``regex``, Oniguruma and fancy-regex) or scoped (``(?m-s:...)``)
+_FLAG_GROUP = regex.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
+
+
+def _onig_flags(on: str, off: str, end: str) -> str:
+    """A ``regex`` flag group in Ruby syntax: ``m`` dropped, ``s`` written ``m``."""
+    def ruby(flags: str) -> str:
+        return flags.replace("m", "").replace("s", "m")
+    on, off = ruby(on), ruby(off)
+    if end == ")" and not on and not off:
+        return ""
+    return "(?" + on + ("-" + off if off else "") + end
 
 
 class _OnigRewrite:
     """One left-to-right pass of :func:`onig_pattern` (or, ``only_anchors``, of
     :func:`tiktoken_pattern`): each construct copied or rewritten by its own method. ``atom``
     is the index in ``out`` where the last complete atom starts (what a following ``{m,n}+``
-    applies to); ``groups`` the indices of the open groups."""
+    applies to); ``groups`` the indices of the open groups, ``scopes`` whether MULTILINE was
+    in force where each was opened (restored when it closes); ``multiline`` whether it is in
+    force here."""
 
     def __init__(self, src: str, only_anchors: bool = False):
         self.src, self.i = src, 0
         self.only_anchors = only_anchors
-        self.multiline = bool(_MULTILINE_FLAG.search(src))
+        self.multiline = False
         self.out: list[str] = []
         self.atom: int | None = None
         self.groups: list[int] = []
+        self.scopes: list[bool] = []
 
     def run(self) -> str:
         src = self.src
@@ -273,19 +299,24 @@ class _OnigRewrite:
 
     def _open_group(self) -> None:
         src, i = self.src, self.i
-        if self.only_anchors:
-            self.groups.append(len(self.out))
-            self.out.append("(")
-            self.i += 1
-            self.atom = None
-            return
-        if src.startswith("(?P=", i):  # a backreference: an atom, not a group
+        if src.startswith("(?P=", i) and not self.only_anchors:  # a backreference: an atom
             close = src.find(")", i)
             close = len(src) if close < 0 else close
             self._atom(close + 1, r"\k<" + src[i + 4:close] + ">")
             return
+        flags = _FLAG_GROUP.match(src, i)
+        if flags and flags.group(3) == ")":  # bare: MULTILINE to the end of the enclosing group
+            self._flags(flags)
+            return
         self.groups.append(len(self.out))
-        if src.startswith("(?P<", i):
+        self.scopes.append(self.multiline)
+        if flags:
+            self._flags(flags)
+        elif self.only_anchors:
+            self.out.append("(")
+            self.i += 1
+            self.atom = None
+        elif src.startswith("(?P<", i):
             self.out.append("(?<")
             self.i += 4
         else:
@@ -293,8 +324,17 @@ class _OnigRewrite:
             self.i += 1
             self.atom = None
 
+    def _flags(self, m: regex.Match[str]) -> None:
+        on, off = m.group(1), m.group(2) or ""
+        self.multiline = ("m" in on or self.multiline) and "m" not in off
+        self.out.append(m.group() if self.only_anchors else _onig_flags(on, off, m.group(3)))
+        self.i = m.end()
+        self.atom = None
+
     def _close_group(self) -> None:
         start = self.groups.pop() if self.groups else len(self.out)
+        if self.scopes:
+            self.multiline = self.scopes.pop()
         self.out.append(")")
         self.atom = start
         self.i += 1

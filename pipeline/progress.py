@@ -363,9 +363,13 @@ class Progress:
         if jsonl:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(jsonl)), exist_ok=True)
-                with open(jsonl, "a", encoding="utf-8"):
-                    pass  # each attempt appends: a rerun that finds nothing to do keeps the
-                    # record of the run that did the work
+                with open(jsonl, "ab+") as fh:  # each attempt appends: a rerun that finds
+                    # nothing to do keeps the record of the run that did the work
+                    end = fh.seek(0, os.SEEK_END)
+                    if end:
+                        fh.seek(end - 1)
+                        if fh.read(1) != b"\n":  # an attempt killed mid-line (or a full
+                            fh.write(b"\n")  # disk): its line ends before this one's
             except OSError as exc:
                 log.warning("cannot write %s (%s); heartbeats go to the log only", jsonl,
                             exc.strerror)
@@ -414,7 +418,8 @@ class Progress:
 
         def tick() -> None:  # only the innermost running stage beats
             while not stop.wait(self.every / 2):
-                if self.stages[-1] is st and time.time() - st.last_beat >= self.every:
+                stages = self.stages  # (a failed stage is removed without a join)
+                if stages and stages[-1] is st and time.time() - st.last_beat >= self.every:
                     st.beat()
 
         ticker = threading.Thread(target=tick, name=f"spark-bpe-progress-{name}", daemon=True)

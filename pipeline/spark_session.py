@@ -451,9 +451,9 @@ class TaskErrors:
             watcher.start()
         try:
             yield
-        except BaseException:
+        except Exception:
             self._raise_first(sc, group, error)
-            raise
+            raise  # (an interrupt or SystemExit is the run's to report: its exit code)
         finally:
             done.set()
             if watcher.is_alive():

@@ -549,6 +549,36 @@ def test_a_task_error_ends_the_job_without_waiting_for_the_other_tasks(spark):
         assert sc.parallelize([0, 1], 2).count() == 2
 
 
+
+def test_an_interrupt_during_a_job_with_a_task_error_stays_an_interrupt():
+    """A task's reported error replaced whatever the job ended with, a Ctrl-C or a SIGTERM's
+    SystemExit too: the run then ended with exit 2 (a bad input) instead of 130/143."""
+    from pipeline.count.corpus import UnreadableFile
+    from pipeline.spark_session import TaskErrors
+
+    class Accumulator:
+        value: dict = {}
+
+        def add(self, found: dict) -> None:
+            self.value = {**self.value, **found}
+
+    class Context:  # no job group: nothing to cancel or wait for
+        def accumulator(self, value, param):
+            return Accumulator()
+
+        def getLocalProperty(self, key):
+            return None
+
+    sc = Context()
+    errors = TaskErrors(sc)
+    errors.report(3, UnreadableFile.at("/lake/b.parquet", "bad page"))
+    for interrupt in (KeyboardInterrupt(), SystemExit(143)):
+        with pytest.raises(type(interrupt)), errors.raising(sc, UnreadableFile):
+            raise interrupt
+    with pytest.raises(UnreadableFile, match="b.parquet"), errors.raising(sc, UnreadableFile):
+        raise RuntimeError("the job failed: a task was cancelled")
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_damaged_file_is_one_attempt_and_one_line_where_spark_retries_tasks(tmp_path, procs):

@@ -575,6 +575,31 @@ def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tm
                                {"word": b"x", "count": 1, "first_seen": 2}]
 
 
+def test_the_python_api_from_a_thread_of_its_own_uses_the_session_and_leaves_it_up(spark,
+                                                                                  tmp_path):
+    """The active session is per thread: a call from a worker thread (a notebook's executor, a
+    pipeline's thread pool) saw none, took the existing one as one it made and stopped it at
+    the end: the caller's session was gone."""
+    import threading
+
+    from pipeline import api
+
+    result: dict = {}
+
+    def call() -> None:
+        try:
+            result["meta"] = api.count_words(str(SAMPLE), output=str(tmp_path / "words"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join(300)
+    assert "error" not in result, result.get("error")
+    assert result["meta"]["unique_words"] > 0
+    assert spark.range(3).count() == 3  # still up
+
+
 def test_the_python_api_as_the_readme_shows_it(spark, tmp_path):
     """pipeline.api with a path, a DataFrame and a word table: the same merges as the job
     (which are the oracle's: no code in common with the pipeline's count or engines);

@@ -49,6 +49,20 @@ def test_a_second_attempt_appends_to_progress_jsonl(tmp_path):
         ("first", "start"), ("first", "end"), ("second", "start"), ("second", "end")]
 
 
+
+def test_an_attempt_after_one_cut_short_mid_line_starts_a_line_of_its_own(tmp_path):
+    """A killed attempt (or a full disk) can leave a last line without its newline: the next
+    attempt's first event was glued onto it, one line that is not JSON, the event lost."""
+    jsonl = tmp_path / "progress.jsonl"
+    jsonl.write_text('{"time": "x", "job": "first", "event": "start"}\n{"time": "y", "ev')
+    with Progress("second", str(jsonl), every=10, bar=False).stage("prepare"):
+        pass
+    lines = jsonl.read_text().splitlines()
+    assert lines[1] == '{"time": "y", "ev'  # the cut line stays, as it was
+    events = [json.loads(x) for x in lines[2:]]
+    assert [(e["job"], e["event"]) for e in events] == [("second", "start"), ("second", "end")]
+
+
 class Store:
     """A file on a filesystem that cannot append (HDFS, S3): whole writes only; ``fail``
     writes fail first, each write takes ``delay`` seconds."""
