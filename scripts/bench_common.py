@@ -4,7 +4,10 @@ The references see the corpus the way our trainer does: one Parquet row is one t
 never spans rows, a row may hold newlines), streamed from the files in corpus order, nulls and
 empty strings skipped. Hugging Face ``tokenizers`` gets the split pattern rewritten for
 Oniguruma (``pipeline.patterns.onig_pattern``): the raw ``regex`` pattern would let cl100k's
-``\p{N}{1,3}+`` swallow whole digit runs there.
+``\p{N}{1,3}+`` swallow whole digit runs there. Both references are given the same special
+tokens as ours (``<|endoftext|>`` by default), which take a slot of the vocabulary as they do
+in ours, so all three make the same number of merges; ``save`` has each write its tokenizer,
+as ours does, inside the timed run.
 """
 
 from __future__ import annotations
@@ -45,7 +48,10 @@ def corpus_texts(corpus: str) -> list[str]:
     return list(iter_rows(corpus))
 
 
-def _hf_setup(vocab_size: int, pattern: str):
+SPECIALS = ("<|endoftext|>",)  # our trainer's default special tokens
+
+
+def _hf_setup(vocab_size: int, pattern: str, specials: tuple[str, ...] = ()):
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -56,25 +62,40 @@ def _hf_setup(vocab_size: int, pattern: str):
     ])
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  min_frequency=2)
+                                  min_frequency=2, special_tokens=list(specials))
     return tok, trainer
 
 
-def hf_train_rows(rows: Iterable[str], vocab_size: int, pattern: str = "cl100k") -> int:
+def hf_train_rows(rows: Iterable[str], vocab_size: int, pattern: str = "cl100k",
+                  specials: tuple[str, ...] = (), save: str | None = None) -> int:
     """Hugging Face tokenizers ``train_from_iterator`` over the rows (one row = one text, like
-    ours): byte-level BPE, the same split pattern; returns the vocabulary size."""
-    tok, trainer = _hf_setup(vocab_size, pattern)
+    ours): byte-level BPE, the same split pattern; ``specials`` count in ``vocab_size``;
+    ``save``: write ``tokenizer.json`` there. Returns the vocabulary size (specials included)."""
+    tok, trainer = _hf_setup(vocab_size, pattern, specials)
     tok.train_from_iterator(rows, trainer)
+    if save:
+        tok.save(os.path.join(save, "tokenizer.json"))
     return tok.get_vocab_size()
 
 
-def rustbpe_train(rows: Iterable[str], vocab_size: int, pattern: str = "cl100k") -> int:
-    """rustbpe ``train_from_iterator`` over the rows (a list or a streaming iterator)."""
+def rustbpe_train(rows: Iterable[str], vocab_size: int, pattern: str = "cl100k",
+                  specials: tuple[str, ...] = (), save: str | None = None) -> int:
+    """rustbpe ``train_from_iterator`` over the rows (a list or a streaming iterator). rustbpe
+    has no special tokens: they are counted out of ``vocab_size`` (the merges are the same
+    number as a trainer's that has them). ``save``: write the ranks as a ``.tiktoken`` file
+    (base64 token, rank), as ours does. Returns the vocabulary size, specials included."""
+    import base64
+
     import rustbpe
 
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(iter(rows), vocab_size, pattern=PATTERNS.get(pattern, pattern))
-    return tok.vocab_size
+    tok.train_from_iterator(iter(rows), vocab_size - len(specials),
+                            pattern=PATTERNS.get(pattern, pattern))
+    if save:
+        ranks = sorted(tok.get_mergeable_ranks(), key=lambda kv: kv[1])
+        Path(save, "ranks.tiktoken").write_bytes(b"".join(
+            base64.b64encode(bytes(token)) + b" %d\n" % rank for token, rank in ranks))
+    return tok.vocab_size + len(specials)
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, object]:

@@ -1,5 +1,6 @@
 """Ours vs Hugging Face tokenizers vs rustbpe at scale: wall time and peak memory of the whole
-process tree, side by side in one run, interleaved.
+process tree, side by side in one run, interleaved (each repetition starts with the next tool
+in turn, so that a drift of the machine's speed does not always fall on the same tool).
 
     .venv/bin/python scripts/bench_scale.py [CORPUS ...] [--vocab-size 32768] [--repeat 1]
         [--tools ours,tokenizers,rustbpe] [--with-count-stage] [--ours-args "..."]
@@ -8,8 +9,10 @@ process tree, side by side in one run, interleaved.
 Every run is a fresh subprocess: ours is ``spark-submit --master local[2] jobs/train.py``
 (launcher, JVM, Python driver, Python workers); a reference is this script in ``--_ref`` mode
 (``tokenizers`` / rustbpe ``train_from_iterator`` over the Parquet rows streamed in corpus
-order, see bench_common). Every ~0.2 s the whole process tree's VmRSS is read from /proc: the
-peak of the tree's sum, and per-process peaks grouped by role (jvm, python driver, python
+order, given our default special token and writing their tokenizer inside the timed run, see
+bench_common; a run that ends with fewer tokens than asked for is marked ``short_vocab``).
+Every ~0.2 s the whole process tree's VmRSS is read from /proc: the peak
+of the tree's sum, and per-process peaks grouped by role (jvm, python driver, python
 workers, launcher, reference). RSS sums count pages shared after fork (the PySpark daemon and
 its workers) and shared libraries mapped by several processes once per process, so the tree's
 proportional set size (PSS, ``/proc/PID/smaps_rollup``: each shared page divided among the
@@ -22,8 +25,9 @@ PySpark workers, which the launcher never reaps; a process's last ~0.2 s can be 
 less sensitive than wall time to a busy machine. Ours also reports RUN_DIR/stats.json (stage
 seconds, engine, rounds, merges per round, driver peak RSS). ``--with-count-stage`` adds a
 vocab-257 run of each reference (its pre-tokenize + count stage). A failing run is recorded
-with its exit code and the end of its stderr. Results are rewritten to the JSON file after
-every run.
+with its exit code and the end of its stderr. Results, with the commit and the tools'
+versions, are rewritten to the JSON file after every run. The report ends with ours against
+each reference: ratios of the medians, and each repetition's pair.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import (  # noqa: E402
     DEFAULT_CORPUS,
     REPO,
+    SPECIALS,
     corpus_files,
     hf_train_rows,
     iter_rows,
@@ -86,10 +91,13 @@ def run_measured(cmd: list[str], env: dict[str, str], log: Path, interval: float
 # ---------------------------------------------------------------- the runs
 
 def ref_main(tool: str, corpus: str, vocab: int, pattern: str, out: str) -> None:
-    """Inside the reference's own subprocess: train, report seconds and own peak RSS."""
+    """Inside the reference's own subprocess: train with our default special tokens, write the
+    tokenizer (as ours writes its exports), report seconds, the vocabulary and own peak RSS."""
     t0 = time.perf_counter()
     train = hf_train_rows if tool == "tokenizers" else rustbpe_train
-    n = train(iter_rows(corpus), vocab, pattern)
+    save = Path(f"{out}.tokenizer")
+    save.mkdir(exist_ok=True)
+    n = train(iter_rows(corpus), vocab, pattern, SPECIALS, str(save))
     secs = time.perf_counter() - t0
     Path(out).write_text(json.dumps({
         "train_seconds": round(secs, 2), "vocab_size": n,
@@ -104,6 +112,9 @@ def run_ref(tool: str, corpus: str, vocab: int, args, work: Path, tag: str) -> d
     res = run_measured(cmd, dict(os.environ), work / tag, args.interval)
     if res["exit_code"] == 0 and out.exists():
         res.update(json.loads(out.read_text()))
+        if res["vocab_size"] != vocab:  # stopped early: less work, not a faster trainer
+            res["short_vocab"] = True
+    shutil.rmtree(f"{out}.tokenizer", ignore_errors=True)
     return res
 
 
@@ -123,6 +134,9 @@ def run_ours(corpus: str, args, work: Path, tag: str) -> dict:
         res.update({k: st.get(k) for k in ("stage_seconds", "engine", "spark_rounds",
                                            "spark_merges_per_round", "driver_peak_rss_mb",
                                            "words_in_table", "symbols_in_table", "merges")})
+        res["vocab_size"] = st.get("vocab_size")
+        if res["vocab_size"] != args.vocab_size:
+            res["short_vocab"] = True
     if not args.keep_runs:
         shutil.rmtree(run_dir, ignore_errors=True)
     return res
@@ -150,7 +164,62 @@ def _corpus_info(corpus: str) -> dict:
     return {"path": corpus, "rows": rows, "mb": round(nbytes / 1e6, 1)}
 
 
+def provenance() -> dict:
+    """What was measured: the code (commit, and whether the tree had changes) and the versions
+    of the tools, recorded with the results rather than written down by hand."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    try:
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    except OSError:
+        java = ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "changed_files": git("status", "--porcelain", "--untracked-files=no").splitlines(),
+            "python": platform.python_version(), "java": (java.splitlines() or [""])[0],
+            **{name: ver(name) for name in ("pyspark", "tokenizers", "rustbpe", "tiktoken")}}
+
+
 # ---------------------------------------------------------------- reporting
+
+def ratios(results: dict) -> str:
+    """Ours against each reference per corpus: the ratio of the medians of wall time, of the
+    tree's peak PSS and of the largest process (ru_maxrss), and the wall-time ratio of each
+    repetition's pair, which shows the spread a single ratio hides."""
+    out = ["| corpus | ours vs | wall, ratio of medians | wall, each repetition's pair | "
+           "tree PSS | largest process |", "|---|---|---:|---|---:|---:|"]
+    for c in results["corpora"]:
+        def runs(tool: str) -> list[dict]:
+            return [r for r in results["runs"] if r["corpus"] == c["path"] and r["tool"] == tool
+                    and r["vocab"] == results["vocab_size"] and r["exit_code"] == 0]
+        ours = runs("ours")
+        for ref in results["tools"]:
+            theirs = runs(ref)
+            if ref == "ours" or not ours or not theirs:
+                continue
+            by_rep = {r["repeat"]: r["wall_seconds"] for r in theirs}
+            pairs = [r["wall_seconds"] / by_rep[r["repeat"]] for r in ours
+                     if r["repeat"] in by_rep]
+
+            def q(key: str) -> str:
+                a, b = _med(ours, key), _med(theirs, key)
+                return f"{a / b:.2f}x" if a and b else "—"
+            out.append(f"| {Path(c['path']).name} | {ref} | {q('wall_seconds')} | "
+                       + ", ".join(f"{x:.2f}x" for x in pairs)
+                       + (f" (min {min(pairs):.2f}x, max {max(pairs):.2f}x)"
+                          if len(pairs) > 1 else "")
+                       + f" | {q('peak_tree_pss_mb')} | {q('ru_maxrss_mb')} |")
+    return "\n".join(out)
+
 
 def _med(runs: list[dict], key: str) -> float | None:
     xs = [r[key] for r in runs if r.get("exit_code") == 0 and r.get(key) is not None]
@@ -185,6 +254,10 @@ def table(results: dict) -> str:
                               for k, v in sorted(last["roles"].items()))
             notes = [f"FAILED exit {r['exit_code']}: {(r.get('error') or '')[:120]}"
                      for r in runs if r["exit_code"] != 0]
+            notes += [f"SHORT VOCAB {r.get('vocab_size')} (run {r['repeat']})"
+                      for r in ok if r.get("short_vocab")]
+            if unread := sum(r.get("pss_unread", 0) for r in ok):
+                notes.append(f"PSS unreadable in {unread} process samples")
             if tool == "ours" and last.get("stage_seconds"):
                 st = last["stage_seconds"]
                 notes.append("last run's stages " + ", ".join(f"{k} {v:.1f}" for k, v in st.items()
@@ -321,11 +394,19 @@ def main() -> None:
         return
     if args.merge:
         parts = [json.loads(Path(p).read_text()) for p in args.merge]
+        for key in ("vocab_size", "pattern"):
+            if len({json.dumps(p.get(key)) for p in parts}) > 1:
+                ap.error(f"the files differ in {key}: {[p.get(key) for p in parts]}")
+        if len({(p.get("provenance") or {}).get("commit") for p in parts}) > 1:
+            print("warning: the files were measured on different code: "
+                  + ", ".join(f"{f}: {(p.get('provenance') or {}).get('commit', '?')[:10]}"
+                              for f, p in zip(args.merge, parts)), file=sys.stderr)
         results = {**parts[0], "runs": [r for p in parts for r in p["runs"]],
                    "tools": list(dict.fromkeys(t for p in parts for t in p["tools"])),
                    "corpora": list({c["path"]: c for p in parts for c in p["corpora"]}.values())}
         return report(results, "merged: " + ", ".join(args.merge), args.plot)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    args.corpora = [os.path.abspath(c) for c in args.corpora]  # (the runs' cwd is the repo)
     if bad := [t for t in tools if t not in TOOLS]:
         ap.error(f"unknown tools {bad}; choose from {TOOLS}")
     if missing := [c for c in args.corpora if not corpus_files(c)]:
@@ -341,12 +422,14 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
                                     / 2 ** 30, 1), "loadavg_at_start": os.getloadavg()},
+        "provenance": provenance(),
         "corpora": [corpus_info(c) for c in args.corpora], "runs": [],
     }
     vocabs = [args.vocab_size] + ([257] if args.with_count_stage else [])
     for rep in range(args.repeat):
+        order = tools[rep % len(tools):] + tools[:rep % len(tools)]  # each tool first in turn
         for c in results["corpora"]:
-            for tool in tools:
+            for tool in order:
                 for v in vocabs if tool != "ours" else [args.vocab_size]:
                     tag = f"{tool}-{Path(c['path']).name}-v{v}-r{rep}"
                     load = os.getloadavg()[0]
@@ -373,6 +456,7 @@ def report(results: dict, where: str, plot: str) -> None:
     print(f"\nvocab {results['vocab_size']}, pattern {results['pattern']}, "
           f"{results['machine']['cpus']} cores, repeat {results['repeat']} (medians)")
     print(table(results))
+    print("\n" + ratios(results))
     print(f"\n{where}")
     if plot:
         write_plot(results, plot)

@@ -15,7 +15,10 @@ from ``(seed, family, k)``, so a popular identifier or domain comes back across 
 and the number of distinct items drawn grows like ``T ** (1 / (1 + alpha))``; a typo's edit
 is drawn the same way per word. Only random tokens grow linearly.
 
-Shard ``i`` is made from ``(seed, i)`` alone: the output is identical for any ``--jobs``.
+Shard ``i`` is made from ``(seed, i, its size)`` alone: the output is identical for any
+``--jobs``, and corpora made with the same seed and shard size share their first shards. The
+1 GB and 4 GB corpora resample the same sources (en-docs among them): they are not
+independent of the 116 MB corpus, only larger and with more distinct words.
 Every shard is streamed to disk in row groups (zstd Parquet, one ``text`` column, rows of at
 most 64 KiB); the sources (~135 MB of text by default) are the only thing held in memory.
 With counting on (default) every shard is split with the cl100k pattern afterwards and
@@ -512,7 +515,8 @@ def main() -> None:
         f"# {out.name}: real corpora grown to {total_bytes / 1e6:,.0f} MB with new words",
         "",
         f"Made by `scripts/make_scale_corpus.py` (spark-bpe) in {gen_s:.0f} s "
-        f"({elapsed:.0f} s with the count), {args.jobs} processes:",
+        + (f"({elapsed:.0f} s with the count), " if not args.no_count else "(not counted), ")
+        + f"{args.jobs} processes:",
         "",
         f"    {cmd}",
         "",

@@ -53,12 +53,12 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
 
 
-def _pss(pid: int) -> int:
-    """Proportional set size of one process in kB (0 when it is gone or unreadable)."""
+def _pss(pid: int) -> int | None:
+    """Proportional set size of one process in kB (None when it is gone or unreadable)."""
     for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
         if line.startswith(b"Pss:"):
             return int(line.split()[1])
-    return 0
+    return None
 
 
 class TreeSampler(threading.Thread):
@@ -73,6 +73,7 @@ class TreeSampler(threading.Thread):
         self.peak_total = 0
         self.peak_pss = 0
         self.samples = 0
+        self.pss_unread = 0  # samples of a live process whose PSS could not be read
         self.peak: dict[int, int] = {}
         self.cpu_ticks: dict[int, int] = {}
         self.role: dict[int, str] = {}
@@ -100,7 +101,10 @@ class TreeSampler(threading.Thread):
             self.peak[pid] = max(self.peak.get(pid, 0), rss)
             sums[role] = sums.get(role, 0) + rss
             total += rss
-            pss += _pss(pid)
+            kb = _pss(pid)
+            if kb is None:  # (counted, so that a tree PSS missing a process is seen)
+                self.pss_unread += 1
+            pss += kb or 0
         self.samples += 1
         self.peak_total = max(self.peak_total, total)
         self.peak_pss = max(self.peak_pss, pss)
@@ -120,5 +124,6 @@ class TreeSampler(threading.Thread):
         tick = os.sysconf("SC_CLK_TCK")
         return {"peak_tree_mb": round(self.peak_total / 1024, 1),
                 "peak_tree_pss_mb": round(self.peak_pss / 1024, 1), "samples": self.samples,
+                "pss_unread": self.pss_unread,
                 "cpu_tree_seconds": round(sum(self.cpu_ticks.values()) / tick, 1),
                 "roles": roles}
