@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from pipeline.config import (
     CORPUS_KEYS,
     COUNT,
     ENCODE,
+    PATH_KEYS,
     TRAIN,
     Config,
     ConfigError,
@@ -162,13 +162,9 @@ def _absolute_paths(cfg: Config) -> None:
     """Relative local paths made absolute against this process's working directory, which a
     notebook may have changed since Spark started: the JVM would resolve them against its own
     and write some files elsewhere."""
-    def fix(path: str) -> str:
-        return os.path.abspath(path) if path and not fsutil.scheme(path) else path
-
-    cfg.input = ",".join(fix(p) for p in cfg.input_items())  # (an empty one stays, refused)
-    for key in ("words", "output", "tokenizer", "checkpoint_dir", "report_sample",
-                "progress_file"):
-        setattr(cfg, key, fix(getattr(cfg, key)))
+    fixed = cfg.with_absolute_paths()
+    for key in ("input", *PATH_KEYS):
+        setattr(cfg, key, getattr(fixed, key))
 
 
 # settings that make a Spark session: an existing one (``spark=``, or the notebook's active
@@ -277,6 +273,7 @@ def encode(corpus: str | list[str] | DataFrame, *, tokenizer: str, output: str,
     without any, the file and row of a Parquet row, or a DataFrame row's Spark id."""
     from pipeline.encode_corpus import check_encode_config, encode_corpus
 
+    options.setdefault("progress_bar", False)  # (as train and count_words: the log only)
     cfg, frame = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
     check_encode_config(cfg, frame=frame is not None)  # before any Spark work, as the CLI does
     with _session(cfg, spark, "spark-bpe api encode", options) as session:

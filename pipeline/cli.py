@@ -53,9 +53,14 @@ def setup_logging(level: str) -> None:
 
 def _not_py4j_interrupt(record: logging.LogRecord) -> bool:
     """py4j logs an interrupted call (our SIGTERM or Ctrl-C) with a traceback through the root
-    logger; the job's own last line says what happened."""
-    return not (record.getMessage().startswith("KeyboardInterrupt while sending command")
-                and record.pathname.replace("\\", "/").endswith("py4j/java_gateway.py"))
+    logger, and, while a SIGTERM stops the job, each call the stopping JVM fails (about 60
+    lines of traceback before the job's last line); that last line says what happened."""
+    if not record.pathname.replace("\\", "/").endswith("py4j/java_gateway.py"):
+        return True
+    message = record.getMessage()
+    return not (message.startswith("KeyboardInterrupt while sending command")
+                or (_terminating.is_set()
+                    and message.startswith("Exception while sending command")))
 
 
 def one_line_reason(exc: BaseException) -> str:
@@ -153,12 +158,14 @@ _unwound = threading.Event()  # the job has said its last line
 _from_jvm = threading.Event()  # the signal reached the JVM (SIGTERM or SIGINT: it cannot tell)
 _jvm_died = threading.Event()  # ... or Spark exited the JVM on a task's uncaught error
 _jvm_gone = threading.Event()  # the JVM that ran us died without a word (SIGKILL, OOM killer)
+_finished = threading.Event()  # the job's body has returned or raised: a signal stops nothing
 PARENT_POLL_SECONDS = 1.0
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     _terminating.set()
-    raise Terminated()
+    if not _finished.is_set():  # (past the body: its last line stands, nothing to stop)
+        raise Terminated()
 
 
 JVM_HOLD_SECONDS = 30.0
@@ -194,8 +201,9 @@ def on_jvm_shutdown() -> None:
     if spark_session.jvm_exit_by_uncaught_error():
         _jvm_died.set()  # not a signal: a task's error (out of heap) made Spark exit the JVM
     _from_jvm.set()
-    _terminating.set()
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # wakes a sleep too
+    if not _finished.is_set():  # (a job that has ended only has its last line to get out)
+        _terminating.set()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # wakes a sleep
     _unwound.wait(JVM_HOLD_SECONDS)
 
 
@@ -255,6 +263,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
     _unwound.clear()
     _from_jvm.clear()
     _jvm_gone.clear()
+    _finished.clear()
     if previous is not None:
         spark_session.on_jvm_shutdown = on_jvm_shutdown
         spark_session.last_words = lambda: killed_driver_line(job)
@@ -264,6 +273,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
     try:
         return _run(job, description, body, argv)
     finally:
+        _finished.set()
         spark_session.on_jvm_shutdown = None
         spark_session.last_words = None
         progress.on_stage_change = None
@@ -276,6 +286,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
             if _from_jvm.is_set():  # the JVM is exiting: our last line must reach it first
                 _wait_for_pipes_read()
         finally:  # (a second Ctrl-C in the wait must not keep the JVM's hook waiting)
+            spark_session.silence_last_words()  # (a hook failing from now on: no OOM line)
             _unwound.set()
             spark_session.release_jvm_shutdown_hook()
 
@@ -289,7 +300,9 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         for note in notes:
             log.info("%s", note)
         log.info("%s config: %s", job, cfg.to_json(job, indent=None))
-        return int(body(cfg) or 0)
+        code = int(body(cfg) or 0)
+        _finished.set()  # (a SIGTERM from here on changes nothing: the job is done)
+        return code
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

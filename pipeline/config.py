@@ -208,8 +208,21 @@ class Config:
         encoded corpus saves as its config, and what a job logs at start. Other jobs' keys
         are left out: they did not apply, whatever their value."""
         keys = job_keys(job)
-        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k in keys},
-                          indent=indent, sort_keys=True)
+        return json.dumps({k: v for k, v in dataclasses.asdict(self.with_absolute_paths()).items()
+                           if k in keys}, indent=indent, sort_keys=True)
+
+    def with_absolute_paths(self) -> Config:
+        """A copy whose relative local paths are absolute against this process's working
+        directory (what a saved or logged config must say: a path relative to where a job
+        was started means nothing later; URIs stay as given)."""
+        def fix(path: str) -> str:
+            return os.path.abspath(path) if path and not scheme(path) else path
+
+        copy = dataclasses.replace(self)
+        copy.input = ",".join(fix(p) for p in self.input_items())  # (an empty one stays)
+        for key in PATH_KEYS:
+            setattr(copy, key, fix(getattr(self, key)))
+        return copy
 
 
 def _flag(name: str) -> str:
@@ -386,6 +399,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             if isinstance(value, dict):
                 raise ConfigError(f"config file {path}: [{k}] {key} is a table; config keys "
                                   "take plain values (sections are one level deep)")
+            name = key.replace("-", "_")
+            if isinstance(v, dict) and name not in Config.__dataclass_fields__:
+                hint = RENAMED_KEYS.get(name, "")  # (named with its section: [x] y is not y)
+                raise ConfigError(f"{path}: unknown config key '{key}' in section [{k}]"
+                                  + (f" ({hint})" if hint else ""))
             same = next((k2 for k2 in flat if k2.replace("-", "_") == key.replace("-", "_")),
                         None)  # (vocab_size and vocab-size are one key)
             if same is not None:
@@ -395,6 +413,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
+PATH_KEYS = ("words", "output", "tokenizer", "checkpoint_dir", "report_sample",
+             "progress_file")  # the local paths among the keys, besides input's sources
 SAMPLE_RUN_NOTE = "the sample run's, conf/default.toml"
 CORPUS_KEYS = ("input", "input_table", "words")
 
@@ -450,9 +470,19 @@ def resolve_with_notes(argv: list[str] | None = None, description: str = "", job
     if own_corpus and "output" not in explicit:
         flags = [f"--{k.replace('_', '-')}" for k in CORPUS_KEYS if k in job_keys(job)]
         given = " or ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
-        raise ConfigError(f"config key 'output': give --output DIR with {given}"
+        missing = [flag for flag, absent in (  # all at once, not one per try
+            ("--tokenizer RUN_DIR", job == ENCODE and not cfg.tokenizer),
+            ("--output DIR", True),
+            ("--vocab-size N (or --num-merges N)",
+             job == TRAIN and not (cfg.vocab_size or cfg.num_merges))) if absent]
+        what = missing[0] if len(missing) == 1 else \
+            f"{', '.join(missing[:-1])} and {missing[-1]}"
+        raise ConfigError(f"config key 'output': give {what} with {given}"
                           + (" (the default output directory is the sample run's)"
                              if job == TRAIN else ""))
+    if job == TRAIN and not own_corpus and "output" in explicit:  # (a flag lost on the way?)
+        notes.append(f"no --input, --input-table or --words given: this run trains the "
+                     f"shipped sample corpus ({cfg.input}) into {cfg.output}")
     return cfg, notes
 
 

@@ -40,7 +40,13 @@ from dataclasses import dataclass
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
 from pipeline.config import ConfigError
-from pipeline.patterns import PATTERNS, onig_pattern, resolve_pattern, tiktoken_pattern
+from pipeline.patterns import (
+    PATTERNS,
+    onig_pattern,
+    regex_only_syntax,
+    resolve_pattern,
+    tiktoken_pattern,
+)
 from pipeline.pretokenize import PretokenizerSpec
 
 TOKENIZER_META_FORMAT = "spark-bpe tokenizer"  # tokenizer_meta.json, what encoder.py reads
@@ -189,6 +195,19 @@ def special_clashes(tok: TrainedTokenizer) -> dict[str, int]:
     return {s: first[s] for s in tok.special_tokens if s in first}
 
 
+def hf_unwritable(tok: TrainedTokenizer) -> str:
+    """Why ``tokenizer.json`` is not written for this run ('' if it is): a special token
+    spelled as a learned token, or a split pattern Oniguruma cannot be given."""
+    if tok.base.alphabet != "bytes":
+        return "chars"
+    if special_clashes(tok):
+        return "special clash"
+    src = tok.pattern_regex
+    if src is not None and (construct := regex_only_syntax(src)):
+        return f"regex-only syntax {construct}"
+    return ""
+
+
 def hf_tokenizer_json(tok: TrainedTokenizer) -> dict:
     """``tokenizer.json`` for Hugging Face ``tokenizers``: the run's normalization, the split
     pattern (rewritten for Oniguruma, see :func:`onig_pattern`) as a ``Split`` that keeps only
@@ -315,7 +334,16 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
             "differently in tokenizers. Everything else lowercases alike."
         )
     src = tok.pattern_regex
-    if src is not None and tok.pattern not in PATTERNS:
+    construct = regex_only_syntax(src) if src is not None else ""
+    if construct:
+        notes.append(
+            f"tokenizer.json is not written: the split pattern uses {construct!r}, which only "
+            "the regex package has (Oniguruma, which tokenizers compiles patterns with, would "
+            "read it as something else and drop or split text otherwise). tokenizer.tiktoken "
+            "and pipeline.encoder.Tokenizer are written; check tiktoken against "
+            "pipeline.encoder.Tokenizer on your text (jobs/encode.py does)."
+        )
+    elif src is not None and tok.pattern not in PATTERNS:
         notes.append(
             "custom split pattern: tokenizer.json holds it rewritten for Oniguruma "
             f"({onig_pattern(src)!r}); regex-package-only syntax cannot be translated, so check "
@@ -442,7 +470,7 @@ def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
     fsutil.write_text(spark, j(run_dir, "vocab.json"),
                       json.dumps(vocab_json(tok), ensure_ascii=False, indent=0))
     if tok.base.alphabet == "bytes":
-        if not special_clashes(tok):
+        if not hf_unwritable(tok):
             fsutil.write_text(spark, j(run_dir, "tokenizer.json"),
                               json.dumps(hf_tokenizer_json(tok), ensure_ascii=False))
         ranks = tiktoken_ranks(tok)

@@ -219,6 +219,35 @@ def onig_pattern(src: str) -> str:
     return _OnigRewrite(src).run()
 
 
+_FUZZY = regex.compile(r"\{\s*[eisd]\s*(?:<=?|=|\})")  # {e<=1}, {i<2}, {e}: fuzzy matching
+
+
+def regex_only_syntax(src: str) -> str:
+    """The first construct of ``src`` that only the ``regex`` package has and that
+    :func:`onig_pattern` cannot translate (Oniguruma would read it as something else, and a
+    tokenizer.json with it would drop or split text otherwise): ``\\m`` / ``\\M`` (start /
+    end of a word), ``\\L<name>`` (a named list), fuzzy matching (``{e<=1}``); '' if none."""
+    i = 0
+    while i < len(src):
+        c = src[i]
+        if c == "\\":
+            end = _escape_end(src, i)
+            if src[i + 1:i + 2] in ("m", "M"):
+                return src[i:end]
+            if src[i + 1:i + 2] == "L" and src[i + 2:i + 3] == "<":
+                close = src.find(">", i)
+                return src[i:close + 1 if close > 0 else len(src)]
+            i = end
+        elif c == "[":
+            i = _class_end(src, i)
+        elif c == "{" and _FUZZY.match(src, i):
+            close = src.find("}", i)
+            return src[i:close + 1 if close > 0 else len(src)]
+        else:
+            i += 1
+    return ""
+
+
 def tiktoken_pattern(src: str) -> str:
     """Rewrite a ``regex``-package split pattern for tiktoken (whose engine is the Rust
     ``fancy-regex``), which reads two anchors otherwise: ``$`` is the end of the text only

@@ -251,6 +251,17 @@ def _hold_jvm_shutdown(sc: SparkContext) -> None:
     set_last_words(last_words() if last_words is not None else "")
 
 
+def _uncaught_handler(jvm: Any, action: str, event_property: str | None = None) -> Any:
+    """A ``Thread.UncaughtExceptionHandler`` that calls ``System.out.<action>`` (with the
+    thread's ``event_property``), made by ``java.beans.EventHandler`` (JDK classes only)."""
+    handler_class = jvm.java.lang.Class.forName("java.lang.Thread$UncaughtExceptionHandler")
+    if event_property is None:
+        return jvm.java.beans.EventHandler.create(handler_class, jvm.java.lang.System.out,
+                                                  action)
+    return jvm.java.beans.EventHandler.create(handler_class, jvm.java.lang.System.out, action,
+                                              event_property)
+
+
 def _say_name_if_python_is_gone(sc: SparkContext, thread: Any) -> None:
     """If this Python driver is dead when the JVM shuts down (SIGKILL: the kernel's or a
     container's out-of-memory killer), the hook's call into it fails in the JVM: instead of
@@ -258,12 +269,8 @@ def _say_name_if_python_is_gone(sc: SparkContext, thread: Any) -> None:
     keeps as the job's last line (JDK classes only: ``java.beans.EventHandler`` makes an
     uncaught-exception handler that calls ``System.out.println(thread.getName())``: where
     PythonRunner sends the Python driver's own lines, stdout and stderr merged)."""
-    jvm = sc._jvm
     try:
-        handler_class = jvm.java.lang.Class.forName("java.lang.Thread$UncaughtExceptionHandler")
-        handler = jvm.java.beans.EventHandler.create(handler_class, jvm.java.lang.System.out,
-                                                     "println", "name")
-        thread.setUncaughtExceptionHandler(handler)
+        thread.setUncaughtExceptionHandler(_uncaught_handler(sc._jvm, "println", "name"))
     except Exception as exc:  # noqa: BLE001 - a JDK without java.desktop: py4j's trace then
         logging.getLogger(__name__).debug("no last words for a killed driver: %s", exc)
 
@@ -278,6 +285,17 @@ def set_last_words(text: str) -> None:
         return
     with contextlib.suppress(Exception):  # only a better last line: never fail the job
         _jvm_hook[1].setName(text or "spark-bpe-sigterm")
+
+
+def silence_last_words() -> None:
+    """The job has ended (its last line said): a call of the JVM's shutdown hook into this
+    Python that fails from now on (this process exits while a SIGTERM's hook waits in it) is
+    not a killed driver, and must not print :func:`set_last_words`' line."""
+    if _jvm_hook is None:
+        return
+    gateway, thread = _jvm_hook
+    with contextlib.suppress(Exception):  # (the JVM may be gone)
+        thread.setUncaughtExceptionHandler(_uncaught_handler(gateway.jvm, "flush"))
 
 
 def jvm_exit_by_uncaught_error() -> str:

@@ -220,8 +220,10 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
         )
     total_tokens, symbols, corpus_bytes, digest = _table_summary(wt, words, base)
     if max(total_tokens, corpus_bytes) >= 2**63:
+        what = (f"config key 'words': {cfg.words}" if cfg.words  # (the user's, not the copy)
+                else f"the word table {wt.data_path}")
         raise ConfigError(
-            f"the word table {wt.data_path} holds {max(total_tokens, corpus_bytes)} "
+            f"{what} holds {max(total_tokens, corpus_bytes)} "
             f"{'tokens' if total_tokens >= corpus_bytes else 'bytes'} (each word's count times "
             "its length): pair counts would overflow the 64-bit counters training keeps; "
             "scale its counts down (or give smaller input weights)")

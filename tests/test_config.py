@@ -100,6 +100,13 @@ def test_the_sample_runs_settings_apply_to_the_sample_run_only():
     the sample's --input."""
     sample = cfg("--output", "x", "--lowercase")  # still the sample run, elsewhere
     assert (sample.input, sample.vocab_size) == (str(REPO / "data" / "sample"), 4096)
+    # ... and its log says so (a scheduled run whose --input got lost must not pass unseen)
+    from pipeline.config import resolve_with_notes
+
+    notes = resolve_with_notes(["--output", "x"])[1]
+    assert notes == [f"no --input, --input-table or --words given: this run trains the shipped "
+                     f"sample corpus ({REPO / 'data' / 'sample'}) into x"]
+    assert resolve_with_notes([])[1] == []  # (the quick start's bare run: no note)
     for own in (["--input", "data/sample"], ["--input-table", "db.docs"], ["--words", "conf"]):
         c = cfg(*own, "--output", "x")
         assert c.vocab_size == 0 and c.num_merges == 0
@@ -172,7 +179,8 @@ def test_a_config_file_shared_by_jobs_says_which_keys_a_job_ignores(tmp_path, ca
     c, notes = resolve_with_notes(["--config", str(f), "--output", "o"], job="encode")
     assert c.text_column == "body"
     assert notes == [f"--config {f}: not encode settings, ignored: engine, vocab_size"]
-    assert resolve_with_notes(["--config", str(f), "--output", "o"], job="train")[1] == []
+    assert not any("not train settings" in n for n in resolve_with_notes(
+        ["--config", str(f), "--output", "o"], job="train")[1])
     seen = []
     with caplog.at_level(logging.INFO, logger="pipeline"):
         assert run_job("encode", "encode", seen.append,
@@ -325,6 +333,7 @@ def test_choices_in_any_case_and_toml_tables_that_are_not_sections(tmp_path):
         ('input = { path = "data/sample" }\n', "config key 'input' in .* takes a plain value"),
         ("[a]\nvocab_size = 1000\n[b]\nvocab_size = 2000\n", "'vocab_size' is set twice"),
         ("[spark.conf]\nx = 1\n", r"\[spark\] conf is a table"),
+        ("[x]\ny = 1\n", r"unknown config key 'y' in section \[x\]$"),  # (it said 'y' only)
     ]:
         f = tmp_path / "c.toml"
         f.write_text(text)
@@ -744,3 +753,30 @@ def test_every_missing_required_flag_is_named_at_once():
         validate(Config(), "count")
     with pytest.raises(ConfigError, match=r"^config key 'output': set an output directory"):
         validate(Config(input=str(REPO / "data" / "sample")), "count")
+    # a corpus given, the rest not: named together too (it was --output, then the next one)
+    sample = str(REPO / "data" / "sample")
+    with pytest.raises(ConfigError, match=r"^config key 'output': give --output DIR and "
+                                          r"--vocab-size N \(or --num-merges N\) with --input"):
+        resolve(["--input", sample])
+    with pytest.raises(ConfigError, match=r"^config key 'output': give --tokenizer RUN_DIR "
+                                          r"and --output DIR with --input"):
+        resolve(["--input", sample], job="encode")
+    with pytest.raises(ConfigError, match=r"^config key 'output': give --output DIR with "):
+        resolve(["--input", sample, "--vocab-size", "300"])
+
+
+def test_a_saved_or_logged_config_says_where_its_relative_paths_were(tmp_path, monkeypatch):
+    """config.json next to a run (and the config block a job logs) kept the paths as typed:
+    "repo/data/sample", "runs/r" say nothing once the job's working directory is forgotten.
+    Local paths come out absolute; URIs and settings that are not paths as given."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    c = Config(input="data/sample,s3a://lake/x/", output="runs/r", words="",
+               report_sample="held.parquet", vocab_size=300)
+    saved = json.loads(c.to_json("train"))
+    assert saved["input"] == f"{tmp_path}/data/sample,s3a://lake/x/"
+    assert saved["output"] == f"{tmp_path}/runs/r"
+    assert saved["report_sample"] == f"{tmp_path}/held.parquet"
+    assert saved["words"] == "" and saved["vocab_size"] == 300
+    assert c.output == "runs/r"  # (the config itself is left as it is)

@@ -544,6 +544,24 @@ def test_unicode_version_caveat():
         assert cuts(hf) ^ cuts(ours) <= edges, (pat, hf, ours)
 
 
+def test_a_pattern_with_regex_only_syntax_gets_no_tokenizer_json(tmp_path):
+    """``\\m`` (start of a word) exists only in the regex package: Oniguruma read it as
+    something else, and the tokenizer.json written encoded "hello world" as one token, the
+    rest of the text dropped. No tokenizer.json then, and a note saying why; the other
+    exports are written."""
+    pattern = r"\m\w+|\s+|[^\w\s]+"
+    tok = train_in_memory(["hello world, hello there"] * 3, tmp_path, pattern, 270,
+                          min_pair_count=1)
+    assert not (tmp_path / "tokenizer.json").exists()
+    assert (tmp_path / "tokenizer.tiktoken").exists() and (tmp_path / "vocab.json").exists()
+    assert any("tokenizer.json is not written" in n and "\\m" in n for n in export_notes(tok))
+    assert Tokenizer.load(str(tmp_path)).decode(
+        Tokenizer.load(str(tmp_path)).encode("hello world")) == "hello world"
+    for ok in (r"\\m\w+|\w+|\s+", r"[\\m]\w*|\w+|\s+"):  # a backslash, a class: not \m
+        train_in_memory(["hello world"] * 3, tmp_path / "ok", ok, 260, min_pair_count=1)
+        assert (tmp_path / "ok" / "tokenizer.json").exists(), ok
+
+
 def test_nfkc_unicode_version_caveat(tmp_path):
     """The documented limit of normalization runs: tokenizers' NFKC tables are older than
     Python's database, so a character given a compatibility mapping recently (U+10781 -> U+02D0,

@@ -103,6 +103,63 @@ def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, c
     assert "merges-000000030.txt is corrupt (checksum mismatch)" in caplog.text
 
 
+def test_a_sigterm_after_the_job_has_ended_stops_nothing(monkeypatch):
+    """A scheduler's SIGTERM that reaches spark-submit just as the job ends: the JVM's hook
+    called into a driver whose job had said its last line, sent it SIGTERM, and the driver
+    exited under the waiting hook, whose failed call printed the killed-driver line (exit 143,
+    "died without a word (killed: SIGKILL ...)" after the job's own success line). Once the
+    body is over, the hook only holds the JVM until the last line is out, and a SIGTERM in
+    the driver raises nothing."""
+    import threading
+
+    from pipeline import cli
+
+    kills: list[int] = []
+    monkeypatch.setattr(cli.signal, "pthread_kill", lambda ident, sig: kills.append(sig))
+    monkeypatch.setattr(cli.spark_session, "jvm_exit_by_uncaught_error", lambda: "")
+    for event in (cli._unwound, cli._terminating, cli._from_jvm, cli._finished):
+        event.clear()
+    try:
+        cli._finished.set()
+        hook = threading.Thread(target=cli.on_jvm_shutdown)
+        hook.start()
+        time.sleep(0.2)
+        assert hook.is_alive()  # holding the JVM until the last line is out
+        cli._unwound.set()
+        hook.join(5)
+        assert not hook.is_alive() and kills == [] and not cli._terminating.is_set()
+        assert cli._from_jvm.is_set()  # (the driver waits for its pipes to be read)
+        cli._on_sigterm(signal.SIGTERM, None)  # no Terminated raised
+    finally:
+        for event in (cli._unwound, cli._terminating, cli._from_jvm, cli._finished):
+            event.clear()
+    with pytest.raises(cli.Terminated):  # during the job it still stops it
+        cli._on_sigterm(signal.SIGTERM, None)
+    cli._terminating.clear()
+
+
+def test_py4j_tracebacks_of_a_stopping_jvm_stay_out_of_a_terminated_job_log():
+    """Under SIGTERM each py4j call the stopping JVM fails was logged with a traceback (about
+    60 lines before the job's last line); outside a termination they stay (a real failure)."""
+    from pipeline import cli
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("root", logging.INFO, "/x/py4j/java_gateway.py", 1056, message,
+                                 None, None)
+
+    cli._terminating.clear()
+    assert cli._not_py4j_interrupt(record("Exception while sending command."))
+    assert not cli._not_py4j_interrupt(record("KeyboardInterrupt while sending command."))
+    cli._terminating.set()
+    try:
+        assert not cli._not_py4j_interrupt(record("Exception while sending command."))
+        other = logging.LogRecord("pipeline.train", logging.INFO, "/x/pipeline/train.py", 1,
+                                  "Exception while sending command.", None, None)
+        assert cli._not_py4j_interrupt(other)  # (only py4j's own)
+    finally:
+        cli._terminating.clear()
+
+
 def test_a_jvm_out_of_memory_is_one_line_naming_the_setting(monkeypatch, capsys):
     """A JVM that ran out of memory, or a task result the driver JVM lost fetching it (it
     reports TaskResultLost; the OutOfMemoryError is only in its log), ends with one error line
