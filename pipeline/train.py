@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import resource
 import statistics
 import time
@@ -165,10 +166,20 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
 def _will_use_spark_sql(cfg: Config) -> bool:
     """Whether the run needs a SparkSession whatever the count finds: a given word table, the
     chars alphabet, the Spark engine, or files only Spark's own readers and writers reach."""
-    return (bool(cfg.words) or cfg.alphabet != "bytes" or cfg.engine == "spark"
+    return (_words_need_spark(cfg.words) or cfg.alphabet != "bytes" or cfg.engine == "spark"
             or cfg.count_reader == "spark" or cfg.input_format != "parquet"
             or bool(cfg.input_table) or not all(fsutil.is_local(i) for i in cfg.inputs)
             or not fsutil.is_local(cfg.output))
+
+
+def _words_need_spark(words: str) -> bool:
+    """Whether a given ``--words`` table is read through Spark: an external table (imported
+    by a Spark job) or one on another filesystem; a local table of ours is read with pyarrow."""
+    if not words:
+        return False
+    if not fsutil.is_local(words):
+        return True
+    return not os.path.isfile(os.path.join(fsutil.local_path(words), "word_table.json"))
 
 
 @dataclass

@@ -258,6 +258,12 @@ def test_deferred_session_is_created_only_when_used(spark, tmp_path):
     assert not lazy.created, "the fast path must not need a SparkSession"
     for name in ("merges.txt", "run.json", "tokenizer.json", "words/word_table.json"):
         assert stat.S_IMODE((tmp_path / "lazy" / name).stat().st_mode) == 0o644, name
+    # a run on a local word table of ours (--words) needs no session either (it started one
+    # in the background, seconds of JVM work beside the driver's merges)
+    again = DeferredSession(SparkSession.builder, spark.sparkContext, lambda s: None)
+    words_run = train(again, Config(**{**cfg.__dict__, "input": "", "output": str(
+        tmp_path / "from-words"), "words": str(tmp_path / "lazy" / "words")}))
+    assert not again.created and words_run.merges == lazy_run.merges
     eager_run = train(spark, Config(**{**cfg.__dict__, "output": str(tmp_path / "eager")}))
     assert lazy_run.merges == eager_run.merges and len(lazy_run.merges) == 400 - 257
     assert lazy.range(4).count() == 4 and lazy.created and lazy.session() is spark
