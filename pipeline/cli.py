@@ -179,15 +179,24 @@ def watch_parent_jvm() -> None:
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         return
     parent = os.getppid()
+    once = threading.Lock()
+
+    def gone() -> bool:
+        with once:  # (the watcher and the main thread: one SIGTERM)
+            if _jvm_gone.is_set():
+                return True
+            if os.getppid() == parent:
+                return False
+            _jvm_gone.set()
+            _terminating.set()
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        return True
 
     def watch() -> None:
-        while not _unwound.wait(PARENT_POLL_SECONDS):
-            if os.getppid() != parent:
-                _jvm_gone.set()
-                _terminating.set()
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-                return
+        while not _unwound.wait(PARENT_POLL_SECONDS) and not gone():
+            pass
 
+    spark_session.stop_if_jvm_gone = gone  # (from the main thread: the handler raises there)
     threading.Thread(target=watch, name="spark-bpe-parent-jvm", daemon=True).start()
 
 
@@ -276,6 +285,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         _finished.set()
         spark_session.on_jvm_shutdown = None
         spark_session.last_words = None
+        spark_session.stop_if_jvm_gone = spark_session.no_jvm_check
         progress.on_stage_change = None
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -225,6 +225,12 @@ class Lease:
                       holder.get("host"), holder.get("pid"))
         return False
 
+    def holds(self) -> bool:
+        """Whether this run still holds the lease, read from the file now (not only what the
+        renewal thread saw last: a run stopped past its lease's timeout and resumed must not
+        write once before that thread looks)."""
+        return self._still_mine()
+
     def _renew(self) -> None:
         while not self._stop.wait(self.timeout / 4):
             with self._renewing:  # (a release waits for this write: it must not outlive it)

@@ -210,6 +210,13 @@ def _master_checked(master: str, ours: bool) -> Iterator[None]:
 
 
 on_jvm_shutdown: Callable[[], None] | None = None  # set by pipeline.cli while a job runs
+# set by pipeline.cli under spark-submit: stops this driver (as SIGTERM does) if the JVM that
+# runs it is gone; called just before a run is published (the watcher looks once a second)
+def no_jvm_check() -> None:
+    """Outside spark-submit: no JVM runs this driver."""
+
+
+stop_if_jvm_gone: Callable[[], object] = no_jvm_check
 _jvm_hook: tuple | None = None  # (gateway, the JVM's hook thread)
 
 

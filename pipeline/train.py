@@ -32,7 +32,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline import faults, fsutil
+from pipeline import faults, fsutil, spark_session
 from pipeline.bpe import BaseVocab, Merge, bytes_vocab, extend_vocab, vocab_bytes
 from pipeline.checkpoint import Checkpointer, fingerprint_of, fingerprint_settings
 from pipeline.config import TRAIN, Config, ConfigError, same_or_inside
@@ -419,7 +419,7 @@ def _train_local(lt: LocalTrainer, mlog: MergeLog, cfg: Config) -> None:
 
 
 def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Progress,
-            t_start: float) -> RunResult:
+            t_start: float, guard: Callable[[], None] = lambda: None) -> RunResult:
     """Stage 3: every output file, then ``run.json`` (the run is complete only once it is
     there; the previous one was removed before training)."""
     cfg, base, stages = prep.cfg, prep.base, prep.stages
@@ -443,6 +443,8 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     stages["total_after_session"] = round(time.time() - t_start, 3)
     fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json(TRAIN))
     fsutil.write_text(spark, fsutil.join(cfg.output, "stats.json"), json.dumps(stats, indent=2))
+    guard()  # (a run that lost its lease, or whose spark-submit was killed, publishes nothing)
+    spark_session.stop_if_jvm_gone()
     write_run_json(cfg.output, {
         "fingerprint": prep.fingerprint, "name": tokenizer_name(cfg), "merges": len(out.merges),
         "merges_wanted": prep.target, "stats": stats, "notes": notes,
@@ -514,7 +516,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
         own_progress = progress is None
 
         def holding() -> bool:  # no more progress.jsonl once another run took the directory
-            return not any(lease.lost for lease in leases)
+            return all(lease.holds() for lease in leases)
 
         jsonl = cfg.progress_file or fsutil.join(cfg.output, "progress.jsonl")
         progress = progress or Progress("train", jsonl_at(spark, jsonl, holding),
@@ -536,7 +538,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
         invalidate_run(spark, cfg.output)
         out = make_merges(spark, prep, progress, still_ours)
         still_ours()
-        return publish(spark, prep, out, progress, t_start)
+        return publish(spark, prep, out, progress, t_start, still_ours)
 
 
 def summary(merges: int, stats: dict) -> str:

@@ -646,6 +646,38 @@ def test_a_table_that_skipped_a_file_is_not_reused_by_a_run_that_does_not_skip(s
 
 
 @pytest.mark.spark
+def test_a_corrupt_shard_arriving_before_a_skipping_rerun_is_listed_not_hidden(spark, tmp_path,
+                                                                               caplog):
+    """A nightly run with --ignore-corrupt-files: a truncated shard that arrived since is left
+    out of the listing, so the input's fingerprint was unchanged and the table was reused, the
+    file in no stats.json and no log line. Now the run counts again and lists it; the next
+    night, with nothing new, reuses the table."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lake, run = tmp_path / "lake", tmp_path / "run"
+    lake.mkdir()
+    pq.write_table(pa.table({"text": ["the good rows of a lake"] * 40}), lake / "part-0.parquet")
+    caplog.set_level("INFO", logger="pipeline")
+    cfg = Config(input=str(lake), output=str(run), vocab_size=280, progress_bar=False,
+                 ignore_corrupt_files=True)
+    train(spark, cfg)
+    merges = (run / "merges.txt").read_text()
+    (lake / "part-1.parquet").write_bytes((lake / "part-0.parquet").read_bytes()[:200])
+    caplog.clear()
+    train(spark, cfg)
+    assert "recounting: 1 unreadable input files that the word table" in caplog.text
+    skipped = json.loads((run / "stats.json").read_text())["left_out_of_training"]
+    assert [f.rsplit("/", 1)[-1] for f in skipped["unreadable_files"]] == ["part-1.parquet"]
+    assert (run / "merges.txt").read_text() == merges
+    caplog.clear()
+    train(spark, cfg)
+    assert "reusing the word table already counted" in caplog.text
+
+
+@pytest.mark.spark
 def test_spark_s_reader_lists_unreadable_files_not_empty_ones(spark, tmp_path):
     """Under --count-reader spark, Spark skips an unreadable file silently: the files that
     gave no rows are the skipped ones, but for a valid Parquet file with no rows (an empty

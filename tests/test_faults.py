@@ -23,7 +23,7 @@ import pytest
 
 from pipeline.bpe import Merge
 from pipeline.checkpoint import Checkpointer, fingerprint_of, parse, render
-from pipeline.config import ConfigError
+from pipeline.config import Config, ConfigError
 
 from .sparkjobs import (
     TRAIN,
@@ -136,6 +136,58 @@ def test_a_sigterm_after_the_job_has_ended_stops_nothing(monkeypatch):
     with pytest.raises(cli.Terminated):  # during the job it still stops it
         cli._on_sigterm(signal.SIGTERM, None)
     cli._terminating.clear()
+
+
+def test_a_driver_whose_spark_submit_was_killed_stops_before_it_publishes(monkeypatch):
+    """spark-submit SIGKILLed as the report began: the orphaned driver's watcher looks once a
+    second, and the driver wrote run.json in that second (exit 137 for the scheduler, a
+    complete run on disk). The check before publishing stops it as SIGTERM does."""
+    from pipeline import cli, spark_session
+
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")
+    monkeypatch.setattr(cli, "PARENT_POLL_SECONDS", 3600.0)  # (the watcher sleeps meanwhile)
+    parent = [os.getppid()]
+    monkeypatch.setattr(cli.os, "getppid", lambda: parent[0])
+    previous = signal.signal(signal.SIGTERM, cli._on_sigterm)
+    for event in (cli._unwound, cli._terminating, cli._jvm_gone, cli._finished):
+        event.clear()
+    try:
+        cli.watch_parent_jvm()
+        spark_session.stop_if_jvm_gone()  # the JVM is there: nothing happens
+        parent[0] = 1  # reparented: spark-submit is gone
+        with pytest.raises(cli.Terminated):
+            spark_session.stop_if_jvm_gone()
+            time.sleep(1)  # (the handler raises as soon as the signal is in)
+        assert cli._jvm_gone.is_set()
+    finally:
+        cli._unwound.set()  # (ends the watcher)
+        signal.signal(signal.SIGTERM, previous)
+        spark_session.stop_if_jvm_gone = spark_session.no_jvm_check
+        for event in (cli._unwound, cli._terminating, cli._jvm_gone):
+            event.clear()
+
+
+@pytest.mark.spark
+def test_the_run_is_published_only_after_the_jvm_check(spark, tmp_path, monkeypatch):
+    """The check comes after every output and before run.json: a run stopped there is not
+    complete (and resumes from its checkpoint)."""
+    from pipeline import spark_session
+    from pipeline.train import train
+
+    from .conftest import SAMPLE
+
+    class Stopped(Exception):
+        pass
+
+    def stop() -> None:
+        raise Stopped
+
+    monkeypatch.setattr(spark_session, "stop_if_jvm_gone", stop)
+    run = tmp_path / "run"
+    with pytest.raises(Stopped):
+        train(spark, Config(input=str(SAMPLE), output=str(run), vocab_size=300,
+                            progress_bar=False))
+    assert (run / "merges.txt").exists() and not (run / "run.json").exists()
 
 
 def test_py4j_tracebacks_of_a_stopping_jvm_stay_out_of_a_terminated_job_log():

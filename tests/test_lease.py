@@ -155,6 +155,29 @@ def test_a_stalled_run_whose_lease_was_taken_and_released_does_not_publish(tmp_p
     assert json.loads((tmp_path / NAME).read_text())["id"] == "newer"
 
 
+def test_a_stalled_run_writes_no_heartbeat_into_the_new_holder_s_progress(tmp_path):
+    """A run stopped past its lease's timeout (SIGSTOP) and resumed: its heartbeat thread
+    wrote one more line into progress.jsonl, which the run that took the directory over now
+    writes, before its renewal thread had looked at the lease (what train's heartbeats asked).
+    ``holds`` reads the lease file at each event."""
+    from pipeline.progress import Progress
+
+    stalled = Lease(None, str(tmp_path), timeout=3600).acquire()  # renewal: in 15 minutes
+    jsonl = tmp_path / "progress.jsonl"
+    try:
+        progress = Progress("train", str(jsonl), every=10, bar=False, allowed=stalled.holds)
+        with progress.stage("merges"):
+            pass
+        lines = jsonl.read_text()
+        (tmp_path / NAME).write_text(json.dumps({"host": "other", "pid": 1, "id": "newer",
+                                                 "renewed": 1e12}))
+        with progress.stage("outputs"):
+            pass
+        assert jsonl.read_text() == lines and stalled.lost
+    finally:
+        stalled.release()
+
+
 def test_an_output_replaced_whole_has_its_lease_beside_it(tmp_path):
     """Word tables and encoded corpora are written elsewhere and moved into place: their lease
     is ``.<name>.lease.json`` next to them, so replacing the directory cannot remove it."""

@@ -884,16 +884,20 @@ def unreadable_file_error(exc: BaseException, can_skip: bool = True,
     return None
 
 
-def list_input(spark: SparkSession, cfg: Config) -> tuple[list[str], dict[str, pq.FileMetaData]]:
+def list_input(spark: SparkSession, cfg: Config
+               ) -> tuple[list[str], dict[str, pq.FileMetaData], list[str] | None]:
     """The input's files in corpus order, listed as the count lists them (without the JVM for
-    local Parquet), and the Parquet footers read on the way."""
+    local Parquet), the Parquet footers read on the way, and the files left out as unreadable
+    (``ignore_corrupt_files``; None where Spark lists: it finds them only as it reads)."""
     footers: dict[str, pq.FileMetaData] = {}
-    corpus = list_local_sources(cfg, footers, [] if cfg.ignore_corrupt_files else None)
+    skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
+    corpus = list_local_sources(cfg, footers, skipped)
     if corpus is None:
         start_session(spark)
         with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):  # as the count read it
             corpus = read_sources(spark, cfg)
-    return corpus.files, footers
+        skipped = None
+    return corpus.files, footers, skipped
 
 
 def input_fingerprint(spark: SparkSession, files: list[str],

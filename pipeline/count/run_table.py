@@ -69,6 +69,7 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     """The run's own table at ``own``: reused while its input and settings match, else
     counted (holding ``lease``)."""
     wt = None
+    republish = False  # the run is published again even if the new table's words are the same
     if frame is None and fsutil.exists(spark, fsutil.join(own, "word_table.json")):
         wt = _reusable_table(spark, own)  # (None when damaged: counted again)
     if wt is not None:
@@ -89,16 +90,22 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
             log.info("recounting: the word table at %s was counted by an older version that "
                      "cut special tokens after normalization and lowercasing", own)
         else:
-            files, footers = list_input(spark, cfg)
+            files, footers, skipped = list_input(spark, cfg)
             now = input_fingerprint(spark, files, footers, cfg)
             then = wt.meta.get("input_fingerprint")
-            if then and then.get("digest") == now["digest"]:
+            newly = sorted(set(skipped or ()) - set(_skipped_files(wt)))
+            if newly:  # (left out of the listing, so not in the digest: stats must name them)
+                republish = True  # (the run's stats.json too, whatever the words)
+                log.info("recounting: %d unreadable input files that the word table at %s "
+                         "did not leave out, e.g. %s", len(newly), own, newly[0])
+            elif then and then.get("digest") == now["digest"]:
                 if not fsutil.is_local(own) or "byte_symbols" not in wt.meta:
                     start_session(spark)  # the table will be read or summed through Spark
                 log.info("reusing the word table already counted at %s (input unchanged: "
                          "%d files, %d bytes)", own, now["files"], now["bytes"])
                 return WordTableChoice(wt, 0.0)
-            log.info("recounting: %s", describe_input_change(then, now))
+            else:
+                log.info("recounting: %s", describe_input_change(then, now))
     _refuse_other_settings(spark, cfg, cfg.max_word_bytes)
     sub = Config(**{**cfg.__dict__, "output": own})
     # a recount (a changed input, other weights or paths) must not leave the earlier run.json
@@ -108,7 +115,8 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     log.info("counting the words of %s into %s", cfg.input or cfg.input_table or "a DataFrame",
              own)
     wt = count_words(spark, sub, progress, frame, lease,
-                     _unless_the_same(spark, own, invalidate_run))
+                     (lambda new: invalidate_run()) if republish
+                     else _unless_the_same(spark, own, invalidate_run))
     return WordTableChoice(wt, time.time() - t0)
 
 
