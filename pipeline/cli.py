@@ -109,7 +109,8 @@ def killed_driver_line(job: str) -> str:
     had = f"{avail / 2**30:.1f} GB {what} as the stage began" if avail is not None else \
         "free memory unknown"
     budget = ("; or set --driver-budget-mb lower so that auto uses Spark instead (README: "
-              "Sizing a run)" if job in (TRAIN, COUNT) else "")
+              "Sizing a run)" if job == COUNT or (job == TRAIN and _engine[0] != "spark")
+              else "")  # (a run that trains with Spark already: the budget changes nothing)
     return (f"error: {job} stopped in stage '{current_stage()}': its Python driver died without "
             f"a word (killed: SIGKILL, exit code 137, is most likely the kernel's or a "
             f"container's out-of-memory killer; {had}); {more}{budget}; {_rerun(job)}")
@@ -167,6 +168,8 @@ def _on_sigterm(signum: int, frame: object) -> None:
     if not _finished.is_set():  # (past the body: its last line stands, nothing to stop)
         raise Terminated()
 
+
+_engine = [""]  # the running job's engine setting, for its messages
 
 JVM_HOLD_SECONDS = 30.0
 
@@ -276,6 +279,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
     if previous is not None:
         spark_session.on_jvm_shutdown = on_jvm_shutdown
         spark_session.last_words = lambda: killed_driver_line(job)
+        progress.terminating = _terminating.is_set
         progress.on_stage_change = lambda: _terminating.is_set() or \
             spark_session.set_last_words(killed_driver_line(job))
         watch_parent_jvm()
@@ -287,6 +291,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         spark_session.last_words = None
         spark_session.stop_if_jvm_gone = spark_session.no_jvm_check
         progress.on_stage_change = None
+        progress.terminating = None
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         try:
@@ -306,6 +311,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
     try:
         cfg, notes = resolve_with_notes(argv, description, job)
         cfg = validate(cfg, job)
+        _engine[0] = cfg.engine
         setup_logging(cfg.log_level)
         for note in notes:
             log.info("%s", note)

@@ -37,6 +37,9 @@ def current_stage() -> str:
 
 
 on_stage_change: Callable[[], None] | None = None  # set by pipeline.cli while a job runs
+# set by pipeline.cli while a job runs: True while a SIGTERM stops it (a stage's error is then
+# the termination, whatever the call it interrupted raised: a cancelled Spark job, say)
+terminating: Callable[[], bool] | None = None
 
 
 def _stage_changed() -> None:
@@ -430,7 +433,8 @@ class Progress:
             stop.set()
             with st.lock:
                 st.closed = True
-                st.fields["error"] = type(exc).__name__
+                st.fields["error"] = ("Terminated" if terminating is not None and terminating()
+                                      else type(exc).__name__)
             with contextlib.suppress(Exception):
                 st.beat("error")
             raise

@@ -256,8 +256,9 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
         return prep
     _resume_from_checkpoint(prep)
     log.info(why)
-    log.info("training %d merges (%d from checkpoint) on %d words / %d symbols, engine %s",
-             target, len(prep.prior), wt.meta.get("unique_words", -1), symbols, engine)
+    if len(prep.prior) < target:  # (else served from the checkpoint, as logged: no training)
+        log.info("training %d merges (%d from checkpoint) on %d words / %d symbols, engine %s",
+                 target, len(prep.prior), wt.meta.get("unique_words", -1), symbols, engine)
     return prep
 
 

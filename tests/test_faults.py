@@ -190,6 +190,18 @@ def test_the_run_is_published_only_after_the_jvm_check(spark, tmp_path, monkeypa
     assert (run / "merges.txt").exists() and not (run / "run.json").exists()
 
 
+def test_the_killed_driver_line_advises_the_budget_only_where_auto_decides(monkeypatch):
+    """A driver killed (by the OOM killer) in a run with --engine spark was told to lower
+    --driver-budget-mb "so that auto uses Spark instead": it already did."""
+    from pipeline import cli
+
+    monkeypatch.setattr(cli, "_engine", ["spark"])
+    assert "--driver-budget-mb" not in cli.killed_driver_line("train")
+    monkeypatch.setattr(cli, "_engine", ["auto"])
+    assert "--driver-budget-mb lower" in cli.killed_driver_line("train")
+    assert "--driver-budget-mb" not in cli.killed_driver_line("encode")
+
+
 def test_py4j_tracebacks_of_a_stopping_jvm_stay_out_of_a_terminated_job_log():
     """Under SIGTERM each py4j call the stopping JVM fails was logged with a traceback (about
     60 lines before the job's last line); outside a termination they stay (a real failure)."""
@@ -364,6 +376,7 @@ def test_vocab_size_changes_reuse_the_run_and_reruns_are_no_ops(spark, corpus, t
     p = job(small, "smaller")
     assert p.proc.returncode == 0, p.tail()
     assert "serving the first 60 without training" in p.log()
+    assert "training 60 merges" not in p.log()  # (it said that too, right after)
     assert p.last_line() == f"served 60 merges from the checkpoint, none trained: tokenizer " \
                             f"written to {run}"
     assert stats(run)["spark_rounds"] == 0 and stats(run)["resumed_from_merge"] == 60

@@ -307,3 +307,23 @@ def test_the_bar_is_cleared_before_each_log_line_and_redrawn_after(monkeypatch):
     handler.emit(record)
     assert out.getvalue() == "a log line\n"
     assert term.getvalue() == "\r\x1b[K[###...] merges 10%" + "\r\x1b[K" + "[###...] merges 10%"
+
+
+def test_a_stage_stopped_by_a_sigterm_says_so_whatever_the_call_raised(tmp_path, monkeypatch):
+    """A SIGTERM during the count cancels Spark's job, and the call that was waiting raises
+    Py4JJavaError: progress.jsonl said the stage failed with that, while the job's last line
+    said terminated (a dashboard counted a failure)."""
+    from pipeline import progress as progress_module
+
+    jsonl = tmp_path / "progress.jsonl"
+    monkeypatch.setattr(progress_module, "terminating", lambda: True)
+    with pytest.raises(RuntimeError), \
+            Progress("train", str(jsonl), every=10, bar=False).stage("count"):
+        raise RuntimeError("Job 3 cancelled because SparkContext was shut down")
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert events[-1]["event"] == "error" and events[-1]["error"] == "Terminated"
+    monkeypatch.setattr(progress_module, "terminating", lambda: False)
+    with pytest.raises(RuntimeError), \
+            Progress("train", str(jsonl), every=10, bar=False).stage("count"):
+        raise RuntimeError("a real failure")
+    assert json.loads(jsonl.read_text().splitlines()[-1])["error"] == "RuntimeError"
