@@ -164,8 +164,9 @@ def _table_summary(wt: WordTable, words: Callable[[], DataFrame], base: BaseVoca
 
 
 def _will_use_spark_sql(cfg: Config) -> bool:
-    """Whether the run needs a SparkSession whatever the count finds: a given word table, the
-    chars alphabet, the Spark engine, or files only Spark's own readers and writers reach."""
+    """Whether the run needs a SparkSession whatever the count finds: a given word table that
+    Spark reads (:func:`_words_need_spark`), the chars alphabet, the Spark engine, or files only
+    Spark's own readers and writers reach."""
     return (_words_need_spark(cfg.words) or cfg.alphabet != "bytes" or cfg.engine == "spark"
             or cfg.count_reader == "spark" or cfg.input_format != "parquet"
             or bool(cfg.input_table) or not all(fsutil.is_local(i) for i in cfg.inputs)
