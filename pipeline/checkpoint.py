@@ -2,8 +2,9 @@
 
 A checkpoint file ``merges-<count>.txt`` holds a header (format version, fingerprint of the
 config and word table it belongs to, the settings the fingerprint covers as one JSON line,
-number of merges), one ``left right count removed`` line per merge (token ids, pair count,
-corpus tokens the merge removed), and a last line with the SHA-256 of everything above it.
+the run directory that wrote it, number of merges), one ``left right count removed`` line
+per merge (token ids, pair count, corpus tokens the merge removed), and a last line with the
+SHA-256 of everything above it.
 A reader never sees a half-written file (temp + rename); a corrupt or truncated one is detected
 by the checksum, reported, and the previous good one is used. The last ``KEEP`` files are kept.
 
@@ -12,6 +13,7 @@ Example::
     #spark-bpe merges checkpoint v2
     #fingerprint 3f005c28c8ec580d8d3fbe7b4c51e074
     #settings {"alphabet": "bytes", ...}
+    #run /data/runs/nightly
     #merges 2
     32 116 1234 1234
     104 101 1100 1100
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import fsutil
 from pipeline.bpe import Merge
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, same_or_inside
 
 if TYPE_CHECKING:  # pyspark only for the type hints: this module imports without it
     from pyspark.sql import SparkSession
@@ -112,15 +114,18 @@ def _only_corpus_differs(theirs: dict | None, ours: dict) -> bool:
 
 
 def render(merges: list[Merge], removed: list[int], fp: str, settings: dict | None = None,
-           rows: list[str] | None = None) -> str:
+           rows: list[str] | None = None, run: str = "") -> str:
     """The checkpoint text. ``rows``: the merge lines already rendered for a prefix of
-    ``merges`` (extended in place, so a run that checkpoints often renders each merge once)."""
+    ``merges`` (extended in place, so a run that checkpoints often renders each merge once).
+    ``run``: the run directory writing it (not part of the fingerprint: a moved run resumes)."""
     rows = [] if rows is None else rows
     rows += [f"{m.left} {m.right} {m.count} {r}"
              for m, r in zip(merges[len(rows):], removed[len(rows):])]
     head = [f"{HEADER} v{VERSION}", f"#fingerprint {fp}"]
     if settings is not None:
         head.append(f"#settings {json.dumps(settings, sort_keys=True)}")
+    if run:
+        head.append(f"#run {run}")
     head.append(f"#merges {len(merges)}")
     text = "\n".join(head + rows[:len(merges)]) + "\n"
     return text + f"#sha256 {hashlib.sha256(text.encode()).hexdigest()}\n"
@@ -130,6 +135,29 @@ def parse(text: str, base_size: int | None
           ) -> tuple[str, dict | None, list[Merge], list[int]]:
     """(fingerprint, settings, merges, tokens removed by each); ValueError if corrupt.
     ``base_size`` None: the header and checksum only (no merges returned)."""
+    head, rows = _split(text)
+    settings = json.loads(head["settings"]) if "settings" in head else None
+    if base_size is None:
+        return head["fingerprint"], settings, [], []
+    merges, removed = [], []
+    for k, line in enumerate(rows):
+        a, b, c, r = (int(x) for x in line.split())
+        if not (0 <= a < base_size + k and 0 <= b < base_size + k):
+            raise ValueError(f"merge {k} refers to a token that does not exist yet")
+        merges.append(Merge(a, b, base_size + k, c))
+        removed.append(r)
+    return head["fingerprint"], settings, merges, removed
+
+
+def run_of(text: str) -> str:
+    """The run directory that wrote a checkpoint ('' for files written before v2 recorded
+    it); ValueError if corrupt."""
+    return _split(text)[0].get("run", "")
+
+
+def _split(text: str) -> tuple[dict[str, str], list[str]]:
+    """(header fields, merge lines) of a checkpoint, its checksum verified; ValueError if
+    corrupt."""
     if not text.endswith("\n"):
         raise ValueError("truncated (no final newline)")
     lines = text[:-1].split("\n")
@@ -152,27 +180,35 @@ def parse(text: str, base_size: int | None
     rows = lines[i:-1]
     if len(rows) != n:
         raise ValueError(f"header says {n} merges, file has {len(rows)}")
-    settings = json.loads(head["settings"]) if "settings" in head else None
-    if base_size is None:
-        return head["fingerprint"], settings, [], []
-    merges, removed = [], []
-    for k, line in enumerate(rows):
-        a, b, c, r = (int(x) for x in line.split())
-        if not (0 <= a < base_size + k and 0 <= b < base_size + k):
-            raise ValueError(f"merge {k} refers to a token that does not exist yet")
-        merges.append(Merge(a, b, base_size + k, c))
-        removed.append(r)
-    return head["fingerprint"], settings, merges, removed
+    return head, rows
 
 
 class Checkpointer:
     def __init__(self, spark: SparkSession | None, directory: str, fp: str, base_size: int,
-                 settings: dict | None = None):
+                 settings: dict | None = None, run: str = ""):
+        """``run``: this run's directory, recorded in each checkpoint, so that checkpoints of
+        another run that shares ``directory`` are refused rather than taken for this run's
+        own stale ones."""
         self.spark, self.dir, self.fp, self.base_size = spark, directory, fp, base_size
-        self.settings = settings
+        self.settings, self.run = settings, run
         self.last_written = -1
         self._rows: list[str] = []  # rendered lines of the merge list saved last
         self._last: Merge | None = None  # its last merge (a new list must extend that one)
+
+    def another_run(self, writer: str) -> bool:
+        """Whether a checkpoint written by run directory ``writer`` is another run's: this
+        directory lies outside this run's (a shared --checkpoint-dir) and a different run
+        wrote it. Checkpoints inside the run directory are its own, even after a move."""
+        return bool(writer and self.run and writer != self.run
+                    and same_or_inside(self.dir, self.run) is None)
+
+    def shared_with(self, writer: str, how: str) -> ConfigError:
+        """The error for checkpoints here of another run, ``writer``, that differs ``how``."""
+        return ConfigError(
+            f"the checkpoints in {self.dir} were written by another run, {writer}, {how}: two "
+            "runs share this --checkpoint-dir. Give each run its own --checkpoint-dir, or, if "
+            f"{writer} is gone, start fresh with --resume never (resume='never' in "
+            "pipeline.api; deletes these checkpoints)")
 
     def _files(self) -> list[tuple[int, str]]:
         out = []
@@ -182,15 +218,17 @@ class Checkpointer:
                 out.append((int(m.group(1)), fsutil.join(self.dir, name)))
         return sorted(out)
 
-    def newest_settings(self) -> dict | None:
-        """The settings recorded in the newest readable checkpoint, or None (no checkpoint,
-        or only ones too old or too damaged to say)."""
+    def newest_settings(self) -> tuple[dict | None, str]:
+        """The settings recorded in the newest readable checkpoint and the run directory that
+        wrote it; (None, '') when there is no checkpoint, or only ones too old or too damaged
+        to say."""
         for _, path in reversed(self._files()):
             try:
-                return parse(fsutil.read_text(self.spark, path), None)[1]
+                text = fsutil.read_text(self.spark, path)
+                return parse(text, None)[1], run_of(text)
             except (ValueError, IndexError):
                 continue
-        return None
+        return None, ""
 
     def load(self, legacy_digest: Callable[[], str] | None = None
              ) -> tuple[list[Merge], list[int]] | None:
@@ -218,6 +256,10 @@ class Checkpointer:
                 log.info("checkpoint %s was written by an older spark-bpe (another word-table "
                          "digest) for this same word table: resuming from it", path)
                 fp = self.fp
+            writer = run_of(text)
+            if fp != self.fp and self.another_run(writer):
+                why = explain_difference(settings, self.settings or {})
+                raise self.shared_with(writer, f"whose config or corpus differs ({why})")
             if fp != self.fp and _only_corpus_differs(settings, self.settings or {}):
                 log.warning("the word table is not the one these checkpoints were trained on "
                             "(the input changed, other input weights or another --words "
@@ -253,7 +295,7 @@ class Checkpointer:
         if n and (len(merges) < n or merges[n - 1] != self._last):
             self._rows = []  # not an extension of the list saved last: render afresh
         fsutil.write_text(self.spark, path,
-                          render(merges, removed, self.fp, self.settings, self._rows))
+                          render(merges, removed, self.fp, self.settings, self._rows, self.run))
         self._last = merges[-1] if merges else None
         self.last_written = len(merges)
         for _, old in self._files()[:-KEEP]:

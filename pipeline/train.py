@@ -242,7 +242,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
     settings = fingerprint_settings(cfg, wt.meta, base.size, digest)
     fp = fingerprint_of(settings)
     ckpt = Checkpointer(spark, cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints"),
-                        fp, base.size, settings)
+                        fp, base.size, settings, run=cfg.with_absolute_paths().output)
     budget = driver_budget(cfg.driver_budget_mb, dict(spark.sparkContext.getConf().getAll()))
     engine, why = choose_engine(cfg.engine, symbols, budget)
     prep = Prepared(cfg=cfg, table=wt, words=words, base=base, target=target,

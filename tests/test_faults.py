@@ -270,6 +270,41 @@ def test_a_foreign_checkpoint_is_refused_with_the_reason(tmp_path):
         Checkpointer(None, str(tmp_path), fingerprint_of(ours), 256, ours).load()
 
 
+def test_checkpoints_of_another_run_in_a_shared_directory_are_refused_not_deleted(tmp_path):
+    """Two runs given the same --checkpoint-dir: to the second, the first one's checkpoints
+    look like its own made before its input changed, which it would delete. Each checkpoint
+    records the run directory that wrote it: another run's are refused, naming it, and
+    nothing is deleted; with the same settings and corpus they serve (the merges are the
+    same); in the run's own directory (a moved run) they are its own and stale ones go."""
+    shared = tmp_path / "shared"
+    first = {"min_pair_count": 2, "word_table": {"digest": "abc"}, "alphabet": "bytes"}
+    second = {**first, "word_table": {"digest": "def"}}  # only the corpus differs
+    Checkpointer(None, str(shared), fingerprint_of(first), 256, first,
+                 run=str(tmp_path / "a")).save(_merges(3), [1, 1, 1])
+    assert "#run " + str(tmp_path / "a") in (shared / "merges-000000003.txt").read_text()
+    with pytest.raises(ConfigError) as err:
+        Checkpointer(None, str(shared), fingerprint_of(second), 256, second,
+                     run=str(tmp_path / "b")).load()
+    assert f"written by another run, {tmp_path / 'a'}, whose config or corpus differs (the " \
+           "word table" in str(err.value)
+    assert "--checkpoint-dir" in str(err.value) and "--resume never" in str(err.value)
+    assert checkpoints(shared) == [3]
+    same = Checkpointer(None, str(shared), fingerprint_of(first), 256, first,
+                        run=str(tmp_path / "b")).load()
+    assert same is not None and len(same[0]) == 3
+    # the writer's own rerun on a grown input: stale, deleted (as before)
+    assert Checkpointer(None, str(shared), fingerprint_of(second), 256, second,
+                        run=str(tmp_path / "a")).load() is None
+    assert checkpoints(shared) == []
+
+    moved = tmp_path / "moved"  # RUN/checkpoints written as /old/run, the run now elsewhere
+    Checkpointer(None, str(moved / "checkpoints"), fingerprint_of(first), 256, first,
+                 run="/old/run").save(_merges(2), [1, 1])
+    assert Checkpointer(None, str(moved / "checkpoints"), fingerprint_of(second), 256, second,
+                        run=str(moved)).load() is None
+    assert checkpoints(moved / "checkpoints") == []
+
+
 def test_a_checkpoint_of_another_alphabet_is_refused_not_taken_for_a_damaged_file(tmp_path):
     """Merges over 256 byte tokens read against a 60-character base vocabulary name tokens
     that do not exist yet: that is another setting (refused, exit 2), not a damaged file to

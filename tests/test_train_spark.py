@@ -483,6 +483,39 @@ def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spar
         "lowercase"] is True and len(fresh.merges) == 300 - 257
 
 
+def test_two_runs_sharing_a_checkpoint_dir_do_not_delete_each_others_checkpoints(spark,
+                                                                                tmp_path):
+    """Run A and run B (another corpus) given the same --checkpoint-dir: B refuses A's
+    checkpoints, naming run A, instead of deleting them as its own stale ones; A's rerun
+    still resumes from them; B with --resume never starts fresh. The same with other split
+    settings, refused before B's table is counted."""
+    from pipeline.config import ConfigError
+
+    (tmp_path / "other").mkdir()
+    pq.write_table(pa.table({"text": ["quite other words"] * 40}),
+                   tmp_path / "other" / "a.parquet")
+    shared = tmp_path / "shared"
+    a = dict(input=str(REPO / "data" / "sample"), output=str(tmp_path / "a"), vocab_size=300,
+             progress_bar=False, checkpoint_dir=str(shared), checkpoint_every_merges=10)
+    b = {**a, "input": str(tmp_path / "other"), "output": str(tmp_path / "b")}
+    first = train(spark, Config(**a))
+    kept = sorted(p.name for p in shared.iterdir())
+    assert kept
+    with pytest.raises(ConfigError, match=f"written by another run, {tmp_path / 'a'}, whose "
+                                          "config or corpus differs .*--checkpoint-dir"):
+        train(spark, Config(**b))
+    with pytest.raises(ConfigError, match=f"written by another run, {tmp_path / 'a'}, with "
+                                          r"other split settings \(lowercase False then"):
+        train(spark, Config(lowercase=True, **b))
+    assert sorted(p.name for p in shared.iterdir()) == kept
+    (tmp_path / "a" / "run.json").unlink()  # (else the rerun is served as complete)
+    again = train(spark, Config(**a))
+    assert again.merges == first.merges and again.stats["resumed_from_merge"] == 43
+    fresh = train(spark, Config(resume="never", **b))  # (runs out of pairs before 43)
+    assert fresh.merges and fresh.merges[0] != first.merges[0]
+    assert all(f"#run {tmp_path / 'b'}\n" in p.read_text() for p in shared.iterdir())
+
+
 def test_checkpoints_of_an_older_digest_are_resumed_when_the_table_is_the_same(spark, tmp_path,
                                                                                caplog):
     """A run made before the word-table digest changed (its checkpoints and run.json record

@@ -168,7 +168,9 @@ def _refuse_other_settings(spark: SparkSession, cfg: Config, max_word_bytes: int
     if cfg.resume == "never":
         return
     ckdir = cfg.checkpoint_dir or fsutil.join(cfg.output, "checkpoints")
-    then = Checkpointer(spark, ckdir, "", 0).newest_settings()
+    run = cfg.with_absolute_paths().output
+    checkpoints = Checkpointer(spark, ckdir, "", 0, run=run)
+    then, writer = checkpoints.newest_settings()
     if not then:
         return
     now = {**cfg.pretokenizer_spec().as_meta(), "max_word_bytes": max_word_bytes}
@@ -176,6 +178,8 @@ def _refuse_other_settings(spark: SparkSession, cfg: Config, max_word_bytes: int
     if not differ:
         return
     said = ", ".join(differ)
+    if checkpoints.another_run(writer):
+        raise checkpoints.shared_with(writer, f"with other split settings ({said})")
     raise ConfigError(
         f"{cfg.output} was trained with other split settings ({said}): its checkpoints in "
         f"{ckdir} do not fit this run. Use another --output, or start fresh with "
