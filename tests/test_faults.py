@@ -771,7 +771,12 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
 
 def mount_small_disk(where: Path, size: str) -> None:
     """A real filesystem of ``size`` (tmpfs) at ``where``, or a skip where this process may not
-    mount one (not root, or a container without CAP_SYS_ADMIN)."""
+    mount one (not root, or a container without CAP_SYS_ADMIN). The one skip allowed under
+    CI (not :func:`tests.conftest.need`): mounting is a right of the machine, not something
+    setup can install, and write failures are also tested where no mount is needed (an
+    injected failure at each write point, test_a_failed_write_is_one_line_and_the_same_...;
+    a file-size limit, tests/test_fsutil.py and test_word_count_spark.py); ``-ra`` lists the
+    skip."""
     import subprocess
 
     if os.sysconf("SC_PAGE_SIZE") != 4096:

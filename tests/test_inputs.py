@@ -886,19 +886,28 @@ def test_a_dataframe_of_files_is_counted_in_path_order(spark, tmp_path):
     assert merges("b-a", input=b_then_a) != ref  # (the order matters on this text)
 
 
-def test_the_api_on_an_existing_session_keeps_its_settings(spark, tmp_path, caplog):
+def test_the_api_on_an_existing_session_keeps_its_settings(spark, tmp_path, caplog,
+                                                          monkeypatch):
     """Given a session (a notebook's), a call says which of its settings it cannot apply,
     applies shuffle_partitions for the call only, and leaves the session's job group and
     description as they were."""
+    import pipeline.count.word_count as word_count
     from pipeline import api
 
     sc = spark.sparkContext
     shuffle = spark.conf.get("spark.sql.shuffle.partitions")
+    assert shuffle != "11"
+    seen = []  # the setting while the count runs
+    count = word_count.count_words
+    monkeypatch.setattr(word_count, "count_words", lambda session, *a, **k: (
+        seen.append(session.conf.get("spark.sql.shuffle.partitions")), count(session, *a, **k)
+    )[1])
     sc.setJobGroup("notebook-cell-7", "my analysis")
     try:
         with caplog.at_level(logging.WARNING, logger="pipeline.api"):
             api.count_words(str(SAMPLE), output=str(tmp_path / "w"), spark=spark,
                             shuffle_partitions=11, master="local[1]", count_merge="spark")
+        assert seen == ["11"]
         assert f"master not applied: the Spark session already exists (its master is " \
                f"{sc.master})" in caplog.text
         assert spark.conf.get("spark.sql.shuffle.partitions") == shuffle

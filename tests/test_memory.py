@@ -33,8 +33,12 @@ def test_auto_takes_the_driver_only_when_the_budget_holds_the_table():
     engine, why = choose_engine("auto", symbols, Budget(need - 1, "test"))
     assert engine == "spark" and "29,215,599 symbols" in why and "(test)" in why
     # an explicit engine is kept whatever the numbers say, and the numbers are still logged
-    assert choose_engine("local", symbols, Budget(1, "test"))[0] == "local"
-    assert choose_engine("spark", 10, Budget(100 * GB, "test"))[0] == "spark"
+    engine, why = choose_engine("local", symbols, Budget(1, "test"))
+    assert engine == "local" and why.startswith("engine local (as configured): the driver "
+                                                "engine needs about ")
+    assert "29,215,599 symbols" in why and "driver budget 0.00 GB (test)" in why
+    engine, why = choose_engine("spark", 10, Budget(100 * GB, "test"))
+    assert engine == "spark" and "10 symbols" in why and "budget 100.00 GB (test)" in why
     # the hand-off from Spark rounds: once the working set fits
     assert fits_driver(symbols, Budget(need, "t")) and not fits_driver(symbols + 1,
                                                                        Budget(need, "t"))

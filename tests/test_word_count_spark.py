@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import Config, ConfigError, resolve
@@ -427,17 +427,23 @@ def test_a_spark_reader_task_sends_each_split_off_before_the_next():
                                             ("word", "count", "first_seen"))), whole, False)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(tasks=st.lists(st.lists(st.text(alphabet="ab c\n1é", max_size=30), max_size=12),
                       min_size=1, max_size=5),
        buckets=st.sampled_from([2, 3, 8]), dense=st.booleans())
-def test_a_merge_in_hash_buckets_equals_the_merge_in_one_piece(monkeypatch, tasks, buckets,
-                                                               dense):
+def test_a_merge_in_hash_buckets_equals_the_merge_in_one_piece(tasks, buckets, dense):
     """The driver merge split into hash buckets (for a tight driver budget) gives the same
-    word table, row for row, as the merge in one piece, and the counts of all rows."""
-    if dense:
-        monkeypatch.setattr(FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+    word table, row for row, as the merge in one piece, and the counts of all rows; with the
+    packed first_seen layout and (``dense``) without it (patched for this example only: the
+    fixture's monkeypatch lasts the whole test, all examples)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if dense:
+            patch.setattr(FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
+        assert (FirstSeenLayout.fit(3, 10, 10) is None) == dense
+        _merge_in_buckets_equals_one_piece(tasks, buckets)
+
+
+def _merge_in_buckets_equals_one_piece(tasks: list[list[str]], buckets: int) -> None:
     pre = Pretokenizer(PretokenizerSpec())
     batches = []
     for file_index, rows in enumerate(tasks):  # task i counts file i
@@ -757,7 +763,11 @@ def test_the_spark_merge_aggregates_packed_keys_with_a_hash_map(spark, split):
     stats = merge_stage._side_stats(side)
     layout, splits = merge_stage._layout(stats, 3)
     assert layout is not None and (splits is not None) == split
-    assert stats == expected_stats
+    # the statistics of these rows, spelled out (5 rows, 52 bytes, 2+5+2+2+4 words), as the
+    # Spark merge's side and as the driver merge's
+    spelled = {"rows": 5, "bytes": 52, "words": 15, "null_rows": 0, "empty_rows": 0}
+    assert {k: stats[k] for k in spelled} == spelled
+    assert {k: expected_stats[k] for k in spelled} == spelled
     table = merge_stage.spark_word_table(frame, layout, splits, [])
     plan = table._jdf.queryExecution().executedPlan().toString()
     assert "HashAggregate" in plan and "SortAggregate" not in plan, plan
