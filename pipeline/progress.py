@@ -123,6 +123,21 @@ class BarAwareHandler(logging.StreamHandler):
             bar.redraw()
 
 
+ETA_WINDOW_SECONDS = 60.0
+
+
+def _recent_point(points: list[tuple[float, float]], now: float, since: float, base: float
+                  ) -> tuple[float, float] | None:
+    """The (time, done) a recent rate is measured from: of the points since ``since`` with
+    work done (above ``base``), the newest a quarter of the time since ``since`` old (at
+    least a second, at most ``ETA_WINDOW_SECONDS``), else the oldest a second old; None when
+    there is none."""
+    window = min(ETA_WINDOW_SECONDS, max(1.0, 0.25 * (now - since)))
+    usable = [p for p in points if p[0] >= since and p[1] > base and now - p[0] >= 1]
+    old_enough = [p for p in usable if now - p[0] >= window]
+    return old_enough[-1] if old_enough else (usable[0] if usable else None)
+
+
 class Stage:
     """A running stage: ``update`` it with what is done; heartbeats are throttled."""
 
@@ -130,15 +145,15 @@ class Stage:
                  poll: Callable[[], dict] | None, start: float = 0, recent_eta: bool = False):
         self.progress, self.name, self.total, self.unit, self.poll = (progress, name, total,
                                                                       unit, poll)
-        # the ETA at the recent rate (since the newest heartbeat a second back), not the
-        # average: for work that gets cheaper as it goes (the first merges rewrite the most
-        # words); none until a
-        # heartbeat after the first one with work done since the rate (re)started, whose rate
-        # is that of the heaviest work alone (1 GB table: ETAs from the first merges said
-        # 313 s for 16 s left, BENCHMARKS.md thirteenth session)
+        # the ETA at the recent rate, not the average: for work that gets cheaper as it goes
+        # (the first merges rewrite the most words); none until a heartbeat after the first
+        # one with work done since the rate (re)started, whose rate is that of the heaviest
+        # work alone (1 GB table: ETAs from the first merges said 313 s for 16 s left,
+        # BENCHMARKS.md thirteenth session). "Recent": the last quarter of the stage's time so
+        # far, at least a second, at most ETA_WINDOW_SECONDS (Spark rounds of 3 merges and of
+        # 100 alternate: a rate over the last heartbeat alone made the ETA swing 2x each beat)
         self.recent_eta = recent_eta
-        # (time, done) of the recent beats: the recent rate is measured from the newest that is
-        # a second old or more (heartbeats may come faster than that)
+        # (time, done) of the recent beats, those the recent rate may be measured from
         self.points: list[tuple[float, float]] = []
         self.t0 = time.time()
         # (time, done) the rate is measured from; ``start`` was done before this attempt
@@ -200,14 +215,14 @@ class Stage:
                     if total and event == "beat":
                         eta_rate = rate
                         if self.recent_eta:  # no ETA before a second point with work done
-                            last = next((p for p in reversed(self.points) if now - p[0] >= 1
-                                         and p[0] >= since and p[1] > base), None)
+                            last = _recent_point(self.points, now, since, base)
                             recent = last is not None and done > last[1]
                             eta_rate = (done - last[1]) / (now - last[0]) if recent else 0
                         if eta_rate > 0:
                             rec["eta"] = round((total - done) / eta_rate, 1)
                 if event == "beat":
-                    old = [i for i, p in enumerate(self.points) if now - p[0] >= 1]
+                    old = [i for i, p in enumerate(self.points)
+                           if now - p[0] >= ETA_WINDOW_SECONDS]
                     self.points = self.points[old[-1] if old else 0:] + [(now, done)]
             rec.update((k, v) for k, v in self.fields.items() if v not in (None, ""))
             parts += [_render(k, v) for k, v in self.fields.items() if v not in (None, 0, "")]

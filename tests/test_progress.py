@@ -264,6 +264,31 @@ def test_the_merges_eta_follows_the_recent_rate(tmp_path):
     assert average[1]["eta"] >= 1.9  # at the average: 500 / 250
 
 
+def test_the_merges_eta_holds_steady_when_rounds_alternate_small_and_large(tmp_path,
+                                                                            monkeypatch):
+    """Spark rounds that merge 3 and then 100 (heartbeats 5 s apart, about 10 merges/s all
+    along): the ETA is measured over the recent quarter of the stage (at most a minute), not
+    from the previous heartbeat alone, which made it swing 30x from one line to the next."""
+    clock = [1000.0]
+    fake = type("FakeTime", (), {"time": staticmethod(lambda: clock[0]),
+                                 "monotonic": staticmethod(lambda: clock[0]),
+                                 "sleep": staticmethod(time.sleep)})
+    monkeypatch.setattr(progress_mod, "time", fake)
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=1000, bar=False)
+    with prog.stage("merges", total=20_000, unit="merges", recent_eta=True) as st:
+        done = 0
+        for beat in range(60):
+            clock[0] += 5
+            done += 3 if beat % 2 else 100
+            st.update(done, force=True)
+    beats = [e for e in map(json.loads, jsonl.read_text().splitlines())
+             if e["event"] == "beat" and e["elapsed"] >= 120]
+    for b in beats:  # the true ETA: what is left at the average 10.3 merges/s
+        true = (20_000 - b["done"]) / (103 / 10)
+        assert 0.8 * true <= b["eta"] <= 1.25 * true, (b, true)
+
+
 def test_the_merges_eta_shows_with_heartbeats_under_a_second_apart(tmp_path):
     """With ``heartbeat_seconds`` below 1 the recent rate is still measured over a second or
     more (it was measured from the previous heartbeat only, never a second back: no ETA)."""
