@@ -76,6 +76,7 @@ from pipeline.count.corpus import (
     column,
     format_name,
     read_corpus,
+    skipping_corrupt_files,
     unreadable_file_error,
 )
 from pipeline.encoder import EncodeError, Tokenizer
@@ -608,14 +609,16 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
         check_encode_config(cfg, spark, frame=frame is not None)  # the output as it is now
         progress = Progress("encode", jsonl_at(spark, cfg.progress_file),
                             every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
-        try:
-            with progress.stage("prepare"):  # (listing a lake's files, reading their footers)
-                plan = load_plan(spark, cfg)
-                source = _source(spark, cfg, plan, frame)
-            try:
-                summary = _encode_and_publish(spark, cfg, plan, source, t0, lease, progress)
-            finally:
-                source.close()
+        try:  # (an unreadable file is an error: a session's ignoreCorruptFiles is not used)
+            with skipping_corrupt_files(spark, False):
+                with progress.stage("prepare"):  # (listing a lake's files, reading footers)
+                    plan = load_plan(spark, cfg)
+                    source = _source(spark, cfg, plan, frame)
+                try:
+                    summary = _encode_and_publish(spark, cfg, plan, source, t0, lease,
+                                                  progress)
+                finally:
+                    source.close()
         finally:
             progress.close()  # (a file on a store: its last write)
     stats = summary["stats"]

@@ -335,6 +335,51 @@ def test_json_lines_lose_no_row_silently(spark, tmp_path):
 
 
 @pytest.mark.spark
+def test_a_session_that_skips_corrupt_files_does_not_drop_one_silently(spark, tmp_path,
+                                                                        caplog):
+    """A session with spark.sql.files.ignoreCorruptFiles=true (a cluster default, --conf):
+    it skipped a damaged file's rows with nothing listed and the run succeeded. The count
+    and the encode read by ignore_corrupt_files alone (warned once), and the session's
+    setting is its own again after."""
+    import gzip
+    import logging
+
+    from pipeline.encode_corpus import encode_corpus
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = "".join(json.dumps({"text": r}) + "\n" for r in normal_rows()).encode()
+    (corpus / "a.json.gz").write_bytes(gzip.compress(lines))
+    (corpus / "b.json.gz").write_bytes(b"not gzip at all!")
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "a.json.gz").write_bytes(gzip.compress(lines))
+    key = "spark.sql.files.ignoreCorruptFiles"
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    spark.conf.set(key, "true")
+    try:
+        cfg = Config(input=str(corpus), input_format="json", output=str(tmp_path / "words"))
+        with pytest.raises(ConfigError, match=r"b\.json\.gz is not a readable JSON lines"):
+            count_words(spark, cfg)
+        assert spark.conf.get(key) == "true"
+        assert caplog.text.count(f"{key} is true in this Spark session: not for the "
+                                 "corpus") == 1
+        cfg.ignore_corrupt_files = True
+        left_out = count_words(spark, cfg).meta["left_out"]["unreadable_files"]
+        assert [f.rsplit("/", 1)[1] for f in left_out] == ["b.json.gz"]
+        run = tmp_path / "run"
+        train(spark, Config(input=str(tmp_path / "good"), input_format="json",
+                            output=str(run), vocab_size=270, progress_bar=False))
+        with pytest.raises(ConfigError, match=r"b\.json\.gz is not a readable JSON lines"):
+            encode_corpus(spark, Config(input=str(corpus), input_format="json",
+                                        tokenizer=str(run), output=str(tmp_path / "enc"),
+                                        progress_bar=False))
+        assert spark.conf.get(key) == "true"
+        assert caplog.text.count(f"{key} is true in this Spark session") == 1
+    finally:
+        spark.conf.unset(key)
+
+
+@pytest.mark.spark
 def test_bad_shards_in_partitioned_or_globbed_inputs_and_bad_folders(spark, tmp_path):
     """The input Spark lists (nested lang=xx folders, a glob) is read by pyarrow too: a
     truncated shard there is one line naming it, or skipped with ignore_corrupt_files; a

@@ -457,24 +457,40 @@ def list_local_sources(cfg: Config, footers: dict[str, pq.FileMetaData],
     return corpus
 
 
+IGNORE_CORRUPT_KEY = "spark.sql.files.ignoreCorruptFiles"
+
+
 @contextlib.contextmanager
 def skipping_corrupt_files(spark: SparkSession, skip: bool) -> Iterator[None]:
     """Spark's readers skip unreadable files (spark.sql.files.ignoreCorruptFiles) while this
-    lasts, when ``skip``; the session's own setting is put back after (it may be the user's,
-    in pipeline.api, and other reads must not start skipping)."""
-    if not skip:
-        yield
-        return
-    key = "spark.sql.files.ignoreCorruptFiles"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, "true")
+    lasts exactly when ``skip`` (``ignore_corrupt_files``); the session's own setting is put
+    back after (it may be the user's, in pipeline.api, and other reads must keep it). A
+    session that skips them already (a cluster default, ``--conf``) does not while this
+    lasts without ``skip``: it would drop a damaged file's rows silently, with no file
+    listed as left out (warned once per session)."""
+    before = spark.conf.get(IGNORE_CORRUPT_KEY, None)
+    if not skip and str(before).lower() == "true" and not _told_of_session_skip(spark):
+        log.warning("%s is true in this Spark session: not for the corpus, whose unreadable "
+                    "files stop the job, named (give --ignore-corrupt-files to leave them "
+                    "out and list them in stats.json)", IGNORE_CORRUPT_KEY)
+    spark.conf.set(IGNORE_CORRUPT_KEY, "true" if skip else "false")
     try:
         yield
     finally:
         if before is None:
-            spark.conf.unset(key)
+            spark.conf.unset(IGNORE_CORRUPT_KEY)
         else:
-            spark.conf.set(key, before)
+            spark.conf.set(IGNORE_CORRUPT_KEY, before)
+
+
+_TOLD: set[str] = set()  # the applications told that their skipping is not used
+
+
+def _told_of_session_skip(spark: SparkSession) -> bool:
+    app = spark.sparkContext.applicationId
+    told = app in _TOLD
+    _TOLD.add(app)
+    return told
 
 
 def column(name: str) -> Column:
@@ -622,7 +638,7 @@ def _has_data_files(spark: SparkSession, name: str) -> bool:
 
 def _skipping_corrupt(spark: SparkSession) -> bool:
     """Whether Spark's readers skip unreadable files now (:func:`skipping_corrupt_files`)."""
-    return str(spark.conf.get("spark.sql.files.ignoreCorruptFiles", "false")).lower() == "true"
+    return str(spark.conf.get(IGNORE_CORRUPT_KEY, "false")).lower() == "true"
 
 
 def _refuse_parquet_read_as_text(cfg: Config, files: list[str]) -> None:
