@@ -558,6 +558,35 @@ def test_a_repeated_word_s_sum_is_checked_exactly_against_64_bits():
     assert totals.tolist() == [2**63 - 1, 7]
 
 
+@pytest.mark.parametrize("settings, words, said", [
+    ({"lowercase": True}, "hello\t5\nHELLO\t100\nWorld\t50\n",
+     r"config key 'lowercase': .* 2 of its 3 words are not as lowercase = true makes text "
+     r"\(e\.g\. 'HELLO' -> 'hello'\)"),
+    ({"normalization": "NFKC"}, "fine\t5\n\ufb01ne\t30\n",
+     r"config key 'normalization': .* 1 of its 2 words are not as normalization = 'NFKC' "
+     r"makes text \(e\.g\. '\ufb01ne' -> 'fine'\)"),
+    ({"lowercase": True}, "hello\t5\nworld\t3\n", None),
+    ({}, "HELLO\t5\n\ufb01ne\t3\n", None)])
+def test_an_external_table_must_hold_words_as_the_split_settings_make_them(tmp_path, settings,
+                                                                          words, said):
+    """lowercase / normalization are recorded with the tokenizer and its encoders apply them
+    to their input; an external table's words are used as given, so a word they change
+    (HELLO) is one no encoded text holds: its merges never applied (encode("HELLO") gave the
+    five bytes). Refused, naming one; words already so are taken."""
+    from pipeline.config import Config, ConfigError
+    from pipeline.count.external import import_word_table
+
+    (tmp_path / "w.tsv").write_text(words, encoding="utf-8")
+    cfg = Config(words=str(tmp_path / "w.tsv"), output=str(tmp_path / "run"), **settings)
+    dest = str(tmp_path / "run" / "words")
+    if said is None:
+        assert import_word_table(None, cfg, str(tmp_path / "w.tsv"), dest)["stats"]["rows"]
+    else:
+        with pytest.raises(ConfigError, match=said):
+            import_word_table(None, cfg, str(tmp_path / "w.tsv"), dest)
+        assert not (tmp_path / "run" / "words").exists()
+
+
 def test_an_external_table_sums_repeated_words_and_keeps_their_first_position(tmp_path):
     """README: a word listed twice has its counts summed; first_seen (given, or the row order
     without it) becomes a dense rank; a word keeps its earliest position."""

@@ -6,7 +6,9 @@ a word table of ours in the run directory, so that everything after it (checkpoi
 outputs) works as for a counted corpus. The tie-break needs each word's first occurrence:
 ``first_seen`` when the table has it (only its order matters; for every row, or the table is
 refused), otherwise the table's own row order (files by path, rows in file order). A word
-listed twice is counted once with the summed count and the earlier position.
+listed twice is counted once with the summed count and the earlier position. With
+``lowercase`` or ``normalization``, its words must already be as those make text (the
+encoders apply them): a table with a word they change is refused.
 
 TSV lines are ``word<TAB>count`` or ``word<TAB>count<TAB>first_seen`` (one or the other in
 the whole table); the word may hold any
@@ -43,6 +45,7 @@ from pipeline.count.word_table import (
     word_table_meta,
     write_table_data,
 )
+from pipeline.pretokenize import Pretokenizer
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +290,34 @@ def canonical(table: pa.Table, special_tokens: Iterable[str] = ()) -> pa.Table:
     return out.sort_by("first_seen")
 
 
+def _check_prepared(cfg: Config, source: str, words: pa.ChunkedArray) -> None:
+    """An external table's words are used as given, but the tokenizer records ``lowercase``
+    and ``normalization``, and its encoders apply them to their input: a word these would
+    change (``HELLO`` with lowercase) is one no encoded text holds, whose merges never
+    apply. Refused, naming one and how many (they must be made so, where the table is)."""
+    if not cfg.lowercase and cfg.normalization == "none":
+        return
+    prepare = Pretokenizer(cfg.pretokenizer_spec()).prepare
+    changed, example = 0, ""
+    for chunk in words.chunks:
+        for word in chunk.to_pylist():
+            text = word.decode("utf-8", "surrogateescape")
+            if prepare(text) != text:
+                changed += 1
+                example = example or text
+    if changed:
+        said = " and ".join(
+            ([f"normalization = {cfg.normalization!r}"] if cfg.normalization != "none" else [])
+            + (["lowercase = true"] if cfg.lowercase else []))
+        key = "normalization" if cfg.normalization != "none" else "lowercase"
+        raise ConfigError(
+            f"config key '{key}': the external word table {source} is used as given, but "
+            f"{changed} of its {len(words)} words are not as {said} makes text (e.g. "
+            f"{example!r} -> {prepare(example)!r}): the tokenizer's encoders apply it to "
+            "their input, so merges learned on those words would never apply. Make the words "
+            "so where the table is made, or train without these settings")
+
+
 def import_word_table(spark, cfg: Config, source: str, dest: str,
                       check: Callable[[], None] | None = None,
                       before_replacing: Callable[[dict | None], None] | None = None) -> dict:
@@ -313,6 +344,7 @@ def import_word_table(spark, cfg: Config, source: str, dest: str,
     table = canonical(raw, cfg.special_tokens)
     if table.num_rows == 0:
         raise ConfigError(f"config key 'words': {source} holds no word with a count above 0")
+    _check_prepared(cfg, source, table.column("word"))
     if before_replacing is not None and fsutil.is_object_store(dest):
         before_replacing(None)
     tmp = fsutil.staging_dir(spark, dest, "word_table.json")
