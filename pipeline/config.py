@@ -613,6 +613,14 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
               f"config key '{f.name}' holds a NUL character (\\0), which no path or name "
               "may hold")
     _check_sources(cfg, job, frame)
+    if job in (COUNT, TRAIN) and cfg.count_reader == "arrow" and not cfg.words:
+        read_by_spark = ("a DataFrame" if frame else
+                         f"--input-table {cfg.input_table}" if cfg.input_table else
+                         f"--input-format {cfg.input_format}"
+                         if cfg.input_format != "parquet" else "")
+        _need(not read_by_spark,
+              f"config key 'count_reader' = 'arrow' reads Parquet files with pyarrow; "
+              f"{read_by_spark} is read by Spark's reader: use 'auto' or 'spark'")
     _check_split(cfg)
     _check_numbers(cfg)
     if job == TRAIN:
@@ -623,6 +631,18 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
             and not (cfg.input_table or frame):  # (other formats: known once read)
         raise unnumbered_repartition("text")
     return cfg
+
+
+COUNT_ONLY_KEYS = ("input_format", "text_column", "count_reader", "count_merge",
+                   "ignore_corrupt_files")  # what reading a corpus takes: not a word table
+
+
+def unused_with_words(cfg: Config) -> list[str]:
+    """The settings for reading a corpus that a run given ``--words`` sets, which it does not
+    use (the table is already counted)."""
+    default = Config()
+    return [k for k in COUNT_ONLY_KEYS if getattr(cfg, k) != getattr(default, k)] \
+        if cfg.words else []
 
 
 def unnumbered_repartition(kind: str) -> ConfigError:

@@ -231,6 +231,29 @@ def test_input_weights_match_the_sources():
                      "--vocab-size", "300"), "train")
 
 
+def test_the_arrow_count_reader_refuses_what_only_spark_reads(tmp_path):
+    """count_reader = arrow reads Parquet files with pyarrow: with JSON, a catalog table or
+    a DataFrame it was silently Spark's reader (the help says "else an error")."""
+    from pipeline.config import unused_with_words
+
+    base = ("--output", "o", "--vocab-size", "300", "--count-reader", "arrow")
+    validate(cfg("--input", "data/sample", *base), "train")
+    for extra, said in ((("--input", "data/sample", "--input-format", "json"),
+                         "--input-format json"),
+                        (("--input-table", "db.docs"), "--input-table db.docs")):
+        with pytest.raises(ConfigError, match=f"^config key 'count_reader' = 'arrow' reads "
+                                              f"Parquet files with pyarrow; {said} is read by "
+                                              "Spark's reader: use 'auto' or 'spark'"):
+            validate(cfg(*extra, *base), "count")
+    with pytest.raises(ConfigError, match="; a DataFrame is read by Spark's reader"):
+        validate(Config(output="o", count_reader="arrow"), "count", frame=True)
+    (tmp_path / "w.tsv").write_text("a\t1\n")
+    words = cfg("--words", str(tmp_path / "w.tsv"), *base, "--text-column", "body")
+    validate(words, "train")  # (not read: only said, by the run, to be unused)
+    assert unused_with_words(words) == ["text_column", "count_reader"]
+    assert unused_with_words(cfg("--input", "data/sample", *base)) == []
+
+
 def test_a_hadoop_brace_glob_is_one_source():
     """Commas inside a glob's braces belong to the glob (Hadoop's ``{a,b}``), not to the
     list of sources; a brace glob is not checked as a literal path."""

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pipeline import fsutil
 from pipeline.checkpoint import Checkpointer
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, unused_with_words
 from pipeline.count.corpus import describe_input_change, input_fingerprint, list_input
 from pipeline.count.external import import_word_table, is_ours
 from pipeline.count.word_count import count_words
@@ -47,6 +47,10 @@ def word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
     from --input and reused by a later run only while the input's fingerprint (file listing,
     sizes, modification times, footer row counts) and the split settings still match."""
     t0 = time.time()
+    unused = unused_with_words(cfg)
+    if unused:
+        log.warning("%s not used: --words gives a word table, already counted (they apply to "
+                    "reading a corpus)", ", ".join(unused))
     if cfg.words and is_ours(spark, cfg.words):
         return WordTableChoice(open_word_table(spark, cfg.words), 0.0)
     own = fsutil.join(cfg.output, "words")
