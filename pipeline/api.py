@@ -18,9 +18,11 @@ defaults); a wrong key or value raises :class:`pipeline.config.ConfigError` befo
 work. ``spark``: the session to use (default: the active one, else one is started in local
 mode). A DataFrame that selects, filters, samples or repartitions the rows of one file source
 (``spark.read.parquet(...)``, ``spark.table(...)``) is read in the order of its files (path
-order, rows in file order), so it trains as the same files given as paths do; any other
-DataFrame (rows made in memory, joins, unions, exploded rows) is read in its partitions'
-order, rows in partition order: sort it for a result that does not depend on partitioning.
+order, rows in file order; repartitioned, only Parquet, whose rows have an index), so it
+trains as the same files given as paths do; one sorted last (``orderBy``) in the sorted
+order; any other DataFrame (rows made in memory, joins, unions, exploded rows) in its
+partitions' order, rows in partition order: sort it for a result that does not depend on
+partitioning.
 """
 
 from __future__ import annotations

@@ -913,6 +913,20 @@ def test_a_dataframe_of_files_is_counted_in_path_order(spark, tmp_path):
     b_then_a = f"{parquet / 'b.parquet'},{parquet / 'a.parquet'}"
     assert merges("memory", reversed_rows.coalesce(1)) == merges("b-a", input=b_then_a)
     assert merges("b-a", input=b_then_a) != ref  # (the order matters on this text)
+    # sorted last (orderBy): the order asked for, not the files' (which it undid); a sort
+    # that a repartition follows leaves no order to keep: the files'
+    from pyspark.sql import functions as F
+
+    by_text = sorted(lines, key=lambda t: t.encode("utf-8"))  # (Spark compares UTF-8 bytes)
+    (tmp_path / "sorted").mkdir()
+    pq.write_table(pa.table({"text": by_text}), tmp_path / "sorted" / "a.parquet")
+    in_order = merges("sorted-file", input=str(tmp_path / "sorted"))
+    assert in_order != ref
+    assert merges("orderBy", spark.read.parquet(str(parquet)).orderBy("text")) == in_order
+    assert merges("orderBy-desc", spark.read.parquet(str(parquet)).repartition(3)
+                  .orderBy(F.desc("text"))) != in_order
+    assert merges("orderBy-repartition", spark.read.parquet(str(parquet)).orderBy("text")
+                  .repartition(3)) == ref
 
 
 def test_the_api_on_an_existing_session_keeps_its_settings(spark, tmp_path, caplog,

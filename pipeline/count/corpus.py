@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 import pyarrow as pa
@@ -668,15 +669,23 @@ _ROW_KEEPING = {"LogicalRelation", "Project", "Filter", "SubqueryAlias", "Sample
 _ROW_MOVING = {"Repartition", "RepartitionByExpression", "Sort"}  # ... and move rows
 
 
-def _plan_nodes(df: DataFrame) -> list[str]:
-    """The node names of a DataFrame's analyzed logical plan, root first."""
+def _plan_nodes(df: DataFrame) -> list[tuple[str, Any]]:
+    """The nodes of a DataFrame's analyzed logical plan (name, JVM node), root first."""
     out, todo = [], [df._jdf.queryExecution().analyzed()]
     while todo:
         node = todo.pop()
-        out.append(str(node.nodeName()))
+        out.append((str(node.nodeName()), node))
         children = node.children()
         todo += [children.apply(i) for i in range(children.size())]
     return out
+
+
+def _sorted_last(nodes: list[tuple[str, Any]]) -> bool:
+    """Whether the last step of a plan that moves rows is a global sort (``orderBy``): its
+    partitions then hold the rows in the order asked for, which is the corpus order."""
+    moving = next((node for name, node in nodes if name in _ROW_MOVING), None)
+    return moving is not None and str(moving.nodeName()) == "Sort" \
+        and bool(getattr(moving, "global")())
 
 
 def _frame_source(df: DataFrame, name: str
@@ -687,11 +696,15 @@ def _frame_source(df: DataFrame, name: str
     order, as the same files given as ``--input`` are: by ``(file, row index)`` where the
     format has row indices (Parquet), each partition's rows sorted by it when the plan moved
     rows; by ``(file, split start, row in split)`` otherwise, only when the plan kept the
-    scan's partitions. Any other DataFrame (in-memory rows, joins, unions, exploded or
-    aggregated rows) is counted in the order of its Spark partitions."""
+    scan's partitions. One whose last row-moving step is a global sort (``orderBy``), and
+    any other DataFrame (in-memory rows, joins, unions, exploded or aggregated rows), is
+    counted in the order of its Spark partitions (for a sort: the sorted order)."""
     by_partitions = df, [name], F.lit(name), F.spark_partition_id(), F.lit(None)
     try:
-        nodes = _plan_nodes(df)
+        plan = _plan_nodes(df)
+        nodes = [name for name, _ in plan]
+        if _sorted_last(plan):
+            return by_partitions  # the order the user sorted in
     except Exception:  # noqa: BLE001 - a plan py4j cannot walk: the partitions' order
         return by_partitions
     if nodes.count("LogicalRelation") != 1 or not set(nodes) <= _ROW_KEEPING | _ROW_MOVING:
