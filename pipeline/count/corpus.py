@@ -814,7 +814,13 @@ def _metadata_fields(df: DataFrame) -> list[str] | None:
     """The fields of a file source's ``_metadata`` (Parquet's include ``row_index``), read
     from its schema, or None when it has none (a view): resolving a missing field instead
     would have PySpark log the failure as an ERROR with a Java stack trace, although it is
-    caught."""
+    caught, so the plan's metadata columns are asked first."""
+    try:
+        seq = df._jdf.queryExecution().analyzed().metadataOutput()
+        if "_metadata" not in {str(seq.apply(i).name()) for i in range(seq.size())}:
+            return None
+    except Exception:  # noqa: BLE001 - a plan py4j cannot ask: resolving tells
+        pass
     try:
         meta = df.select("_metadata").schema["_metadata"].dataType
     except AnalysisException:

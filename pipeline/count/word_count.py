@@ -19,6 +19,7 @@ partitioning (docs/DESIGN.md section 1).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -511,6 +512,7 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
             warming.join(60)  # stopped under it logs errors after the job's error line
             raise
     assert corpus is not None
+    _warn_of_files_listed_twice(corpus.files)
     try:
         fingerprint = input_fingerprint(spark, corpus.files, footers, cfg) if frame is None \
             else {"files": 0, "bytes": 0, "digest": "a DataFrame: never reused"}
@@ -523,6 +525,16 @@ def _count(job: _CountJob, frame: DataFrame | None = None) -> WordTable:
     finally:
         if warming is not None:
             warming.join()
+
+
+def _warn_of_files_listed_twice(files: list[str]) -> None:
+    """Sources that overlap (a folder and a file in it): the file's rows are counted once per
+    source, as a weight would count them; said, since it is rarely meant."""
+    twice = sorted(f for f, n in collections.Counter(files).items() if n > 1)
+    if twice:
+        log.warning("%d input files are in more than one of the input sources, e.g. %s: their "
+                    "rows are counted once per source (give each file once; --input-weights "
+                    "weights a source)", len(twice), twice[0])
 
 
 def _count_and_write(job: _CountJob, source: _Input) -> WordTable:
