@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -105,6 +106,8 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     settings in conf/default.toml do not apply here), and the DataFrame corpus, if any."""
     cfg = Config()
     frame = None
+    corpus = _fspath(corpus)
+    options = {k: _fspath(v) for k, v in options.items()}
     if corpus is not None:
         given = sorted(k for k in (o.replace("-", "_") for o in options)
                        if k in CORPUS_KEYS and k in job_keys(job))  # (others: not its keys)
@@ -136,6 +139,15 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     return cfg, frame
 
 
+def _fspath(value: Any) -> Any:
+    """A ``pathlib.Path`` (any path-like) as its string; in a list or tuple too."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fspath(v) for v in value)
+    return value
+
+
 def _log_where_seen(cfg: Config, explicit: bool) -> None:
     """Our log lines (heartbeats included) on stderr at ``log_level`` when the program has not
     configured logging (a notebook, a bare script): Python would show only warnings. A
@@ -157,7 +169,8 @@ def _log_where_seen(cfg: Config, explicit: bool) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
                                            datefmt="%H:%M:%S"))
     ours.addHandler(handler)
-    ours.setLevel(cfg.log_level.upper())
+    if ours.level == logging.NOTSET:  # (a level the program set on ours is theirs)
+        ours.setLevel(cfg.log_level.upper())
 
 
 def _absolute_paths(cfg: Config) -> None:
@@ -181,6 +194,9 @@ def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[st
     stopped) here. An existing session keeps its settings: ``master`` or ``spark_ui`` given
     to the call are logged as not applied; ``shuffle_partitions`` applies for the call only."""
     session = spark
+    if session is not None and not hasattr(session, "sparkContext"):
+        raise ConfigError(f"spark= must be a SparkSession (or None: the active one, else one "
+                          f"started here), not {session!r}")
     if session is None:
         from pyspark.sql import SparkSession
 
@@ -192,7 +208,8 @@ def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[st
 
         made = build_session(cfg, app)
         try:
-            yield made
+            with _worker_python_explained():
+                yield made
         finally:
             made.stop()
         return
@@ -206,10 +223,26 @@ def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[st
     if cfg.shuffle_partitions:
         session.conf.set(key, str(cfg.shuffle_partitions))
     try:
-        yield session
+        with _worker_python_explained():
+            yield session
     finally:
         if before is not None:
             session.conf.set(key, before)
+
+
+@contextlib.contextmanager
+def _worker_python_explained() -> Iterator[None]:
+    """A task that failed to import what the job needs (a session built without
+    PYSPARK_PYTHON runs the system's python3): one ConfigError saying what to set."""
+    try:
+        yield
+    except Exception as exc:
+        from pipeline.spark_session import worker_python_failure
+
+        why = worker_python_failure(exc)
+        if not why:
+            raise
+        raise ConfigError(why) from None
 
 
 def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,

@@ -437,6 +437,7 @@ def _failed(job: str, exc: BaseException) -> int:
     sys.stderr.flush()
     task = memory.task_memory_failure(str(exc))
     jvm = f"{task}; then {_rerun(job)}" if task else jvm_memory_failure(exc, job)
+    jvm = jvm or spark_session.worker_python_failure(exc)
     where = f" in stage '{current_stage()}'" if current_stage() != "start" else ""
     if jvm:
         print(f"error: {job} failed{where}: {jvm}", file=sys.stderr)

@@ -6,6 +6,7 @@ import _thread
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -101,6 +102,25 @@ def start_session(spark: SparkSession) -> None:
 
 # spark-submit names an application after its script unless --name is given
 _DEFAULT_APP_NAMES = {"train.py", "count_words.py", "encode.py", "pyspark-shell"}
+
+
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def worker_python_failure(exc: BaseException) -> str:
+    """For a task's failure to import a module this job needs (``pipeline``, ``pyarrow``,
+    ``regex``...: the workers run a Python without them), one line naming the fix; else ""."""
+    text = str(exc)
+    if "PythonException" not in type(exc).__name__ and "Traceback" not in text \
+            and "Python worker" not in text:
+        return ""
+    m = _NO_MODULE.search(text)
+    if m is None:
+        return ""
+    return (f"the Spark workers' Python cannot import {m.group(1)!r}: run them with the "
+            "Python that has spark-bpe and its dependencies (PYSPARK_PYTHON or "
+            "spark.pyspark.python; in a session you build yourself, set "
+            "os.environ['PYSPARK_PYTHON'] = sys.executable before building it)")
 
 
 def default_worker_python(master: str) -> None:

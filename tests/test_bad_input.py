@@ -335,6 +335,19 @@ def test_json_lines_lose_no_row_silently(spark, tmp_path):
 
 
 @pytest.mark.spark
+def test_a_json_array_says_the_input_must_be_json_lines(spark, tmp_path):
+    """A pretty-printed JSON file (an array of objects): Spark's reader makes one column,
+    _corrupt_record; the error said the text column was missing, not what to do."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text(json.dumps([{"text": r} for r in normal_rows(3)],
+                                                      indent=2))
+    with pytest.raises(ConfigError, match=r"has no record Spark's JSON reader could read .*: "
+                                          r"JSON input must be JSON lines, one object per line"):
+        count_words(spark, Config(input=str(tmp_path / "in"), input_format="json",
+                                  output=str(tmp_path / "w")))
+
+
+@pytest.mark.spark
 def test_a_session_that_skips_corrupt_files_does_not_drop_one_silently(spark, tmp_path,
                                                                         caplog):
     """A session with spark.sql.files.ignoreCorruptFiles=true (a cluster default, --conf):

@@ -435,6 +435,43 @@ def test_the_api_logs_where_a_notebook_sees_it(monkeypatch):
     monkeypatch.setattr(logging.getLogger(), "handlers", [logging.NullHandler()])
     api._config("count", "data/sample", {"output": "out/x"})
     assert ours.handlers == []  # the program's own logging is kept
+    # a level the program set on ours (no handler): kept, where it was reset to INFO
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    ours.setLevel(logging.WARNING)
+    api._config("count", "data/sample", {"output": "out/x"})
+    assert ours.level == logging.WARNING and len(ours.handlers) == 1
+
+
+def test_the_api_takes_path_objects_and_names_a_wrong_session(tmp_path):
+    """pathlib.Path for the corpus, paths in a list and path options (it said the corpus must
+    be a path, not PosixPath); spark= that is not a session is one ConfigError (it was an
+    AttributeError); a task whose Python lacks our modules is one line naming the fix."""
+    from pathlib import Path
+
+    from pipeline import api
+    from pipeline.spark_session import worker_python_failure
+
+    cfg, _ = api._config("count", Path("data/sample"), {"output": tmp_path / "w"})
+    assert cfg.input == str(REPO / "data" / "sample") and cfg.output == str(tmp_path / "w")
+    cfg, _ = api._config("count", [Path("data/sample"), "data/sample"],
+                         {"output": tmp_path / "w"})
+    assert len(cfg.inputs) == 2
+    with pytest.raises(ConfigError, match=r"^spark= must be a SparkSession .* not 'local'"):
+        api.count_words("data/sample", output=str(tmp_path / "w"), spark="local")
+    failed = RuntimeError("An exception was thrown from the Python worker. Please see the "
+                          "stack trace below.\nTraceback (most recent call last):\n  File "
+                          "\"x.py\"\nModuleNotFoundError: No module named 'pipeline'")
+    assert worker_python_failure(failed).startswith(
+        "the Spark workers' Python cannot import 'pipeline': run them with the Python that "
+        "has spark-bpe and its dependencies (PYSPARK_PYTHON or spark.pyspark.python")
+    assert worker_python_failure(RuntimeError("No module named 'x' (not a worker's)")) == ""
+    from types import SimpleNamespace
+
+    session = SimpleNamespace(sparkContext=SimpleNamespace(master="local[2]"))
+    with pytest.raises(ConfigError, match="^the Spark workers' Python cannot import "
+                                          "'pipeline'"), \
+            api._session(Config(), session, "test", {}):
+        raise failed
 
 
 def test_the_saved_and_logged_config_holds_the_jobs_own_keys(caplog):

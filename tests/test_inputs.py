@@ -362,7 +362,17 @@ def test_an_external_parquet_table_elsewhere_keeps_the_local_row_order(spark, tm
 
 def test_a_malformed_external_table_is_one_config_error(tmp_path, caplog):
     from pipeline.config import ConfigError
-    from pipeline.count.external import read_tsv
+    from pipeline.count.external import read_parquet, read_tsv
+
+    spark_tsv = tmp_path / "spark-tsv"  # df.write.option("sep", "\t").csv(...)
+    spark_tsv.mkdir()
+    (spark_tsv / "part-00000-abc.csv").write_text("the\t12\n")
+    (spark_tsv / "_SUCCESS").write_text("")
+    with pytest.raises(ConfigError, match=r"spark-tsv holds no word table: no word_table\.json "
+                                          r"\(one of ours\), no \.parquet files and no TSV "
+                                          r"files \(names ending \.tsv, \.txt, \.tsv\.gz\); it "
+                                          r"holds part-00000-abc\.csv \(TSV that Spark wrote"):
+        read_parquet(None, str(spark_tsv))
 
     (tmp_path / "bad.tsv").write_text("the\t12\nbroken line without a count\n")
     with pytest.raises(ConfigError, match=r"bad\.tsv line 2 is not 'word<TAB>count"):

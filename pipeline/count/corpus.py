@@ -829,6 +829,11 @@ def _metadata_fields(df: DataFrame) -> list[str] | None:
 
 
 def check_text_column(df: DataFrame, text_column: str, name: str) -> None:
+    if text_column not in df.columns and df.columns == ["_corrupt_record"]:
+        raise ConfigError(
+            f"config key 'text_column': {name} has no record Spark's JSON reader could read "
+            "(its only column is _corrupt_record): JSON input must be JSON lines, one object "
+            "per line; a pretty-printed file or a JSON array is not")
     if text_column not in df.columns:
         raise ConfigError(
             f"config key 'text_column': column {text_column!r} not in {name} "

@@ -197,8 +197,19 @@ def _tsv_line(line: str, f: str, n: int, words: list[bytes], counts: list[int],
 def read_parquet(spark, path: str) -> pa.Table:
     """word, count[, first_seen] from Parquet (local with pyarrow, else through Spark)."""
     if fsutil.is_local(path):
+        files = _files(path, (".parquet",))
+        if not files:
+            local = fsutil.local_path(path)
+            there = sorted(n for n in os.listdir(local) if not n.startswith(("_", "."))) \
+                if os.path.isdir(local) else []
+            raise ConfigError(
+                f"config key 'words': {path} holds no word table: no word_table.json (one of "
+                "ours), no .parquet files and no TSV files (names ending "
+                f"{', '.join(TSV_SUFFIXES)})" + (f"; it holds {', '.join(there[:3])}"
+                                                 + (" ..." if len(there) > 3 else "")
+                                                 if there else "; it is empty")
+                + " (TSV that Spark wrote as part-*.csv: rename its files to .tsv)")
         try:
-            files = _files(path, (".parquet",))
             t = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
         except (OSError, pa.ArrowException) as exc:
             raise ConfigError(f"config key 'words': {path} is neither a word table of ours, "
