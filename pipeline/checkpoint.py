@@ -199,7 +199,7 @@ class Checkpointer:
         """Whether a checkpoint written by run directory ``writer`` is another run's: this
         directory lies outside this run's (a shared --checkpoint-dir) and a different run
         wrote it. Checkpoints inside the run directory are its own, even after a move."""
-        return bool(writer and self.run and writer != self.run
+        return bool(writer and self.run and same_or_inside(writer, self.run) != ""
                     and same_or_inside(self.dir, self.run) is None)
 
     def shared_with(self, writer: str, how: str) -> ConfigError:

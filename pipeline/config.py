@@ -641,8 +641,9 @@ def unused_with_words(cfg: Config) -> list[str]:
     """The settings for reading a corpus that a run given ``--words`` sets, which it does not
     use (the table is already counted)."""
     default = Config()
-    return [k for k in COUNT_ONLY_KEYS if getattr(cfg, k) != getattr(default, k)] \
-        if cfg.words else []
+    keys = [k for k in COUNT_ONLY_KEYS  # (the report's sample is read with these two)
+            if not (cfg.report_sample and k in ("text_column", "ignore_corrupt_files"))]
+    return [k for k in keys if getattr(cfg, k) != getattr(default, k)] if cfg.words else []
 
 
 def unnumbered_repartition(kind: str) -> ConfigError:

@@ -610,7 +610,7 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
         progress = Progress("encode", jsonl_at(spark, cfg.progress_file),
                             every=cfg.heartbeat_seconds, bar=cfg.progress_bar)
         try:  # (an unreadable file is an error: a session's ignoreCorruptFiles is not used)
-            with skipping_corrupt_files(spark, False):
+            with skipping_corrupt_files(spark, False, can_skip=False):
                 with progress.stage("prepare"):  # (listing a lake's files, reading footers)
                     plan = load_plan(spark, cfg)
                     source = _source(spark, cfg, plan, frame)

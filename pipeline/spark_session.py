@@ -104,6 +104,13 @@ def start_session(spark: SparkSession) -> None:
 _DEFAULT_APP_NAMES = {"train.py", "count_words.py", "encode.py", "pyspark-shell"}
 
 
+def file_reader(spark: SparkSession, skip_corrupt: bool = False) -> Any:
+    """``spark.read`` that skips unreadable files exactly when ``skip_corrupt`` (the data source
+    option, which wins over the session's spark.sql.files.ignoreCorruptFiles: a session that
+    skips them would drop a damaged word-table file's words silently)."""
+    return spark.read.option("ignoreCorruptFiles", "true" if skip_corrupt else "false")
+
+
 _NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 

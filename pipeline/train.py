@@ -221,7 +221,7 @@ def prepare(spark: SparkSession, cfg: Config, progress: Progress,
     stages["count_words"] = round(choice.count_seconds, 3)
     adopt_table_settings(cfg, wt)
     words: Callable[[], DataFrame] = functools.cache(
-        lambda: spark.read.parquet(fsutil.spark_path(wt.data_path)))
+        lambda: spark_session.file_reader(spark).parquet(fsutil.spark_path(wt.data_path)))
     base = bytes_vocab() if cfg.alphabet == "bytes" else _char_vocab(words(),
                                                                       cfg.end_of_word_suffix)
     target = cfg.merges_wanted(base.size)

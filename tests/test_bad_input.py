@@ -338,11 +338,14 @@ def test_json_lines_lose_no_row_silently(spark, tmp_path):
 def test_a_json_array_says_the_input_must_be_json_lines(spark, tmp_path):
     """A pretty-printed JSON file (an array of objects): Spark's reader makes one column,
     _corrupt_record; the error said the text column was missing, not what to do."""
-    (tmp_path / "in").mkdir()
+    (tmp_path / "in").mkdir()  # a manifest first by name, then good JSON lines
     (tmp_path / "in" / "a.json").write_text(json.dumps([{"text": r} for r in normal_rows(3)],
                                                       indent=2))
-    with pytest.raises(ConfigError, match=r"has no record Spark's JSON reader could read .*: "
-                                          r"JSON input must be JSON lines, one object per line"):
+    (tmp_path / "in" / "b.json").write_text(
+        "".join(json.dumps({"text": r}) + "\n" for r in normal_rows(3)))
+    with pytest.raises(ConfigError, match=r"^config key 'input': \S*in/a\.json has no record "
+                                          r"Spark's JSON reader could read .*: JSON input must "
+                                          r"be JSON lines, one object per line.*move it out"):
         count_words(spark, Config(input=str(tmp_path / "in"), input_format="json",
                                   output=str(tmp_path / "w")))
 
@@ -357,6 +360,7 @@ def test_a_session_that_skips_corrupt_files_does_not_drop_one_silently(spark, tm
     import gzip
     import logging
 
+    from pipeline.count import corpus as corpus_module
     from pipeline.encode_corpus import encode_corpus
 
     corpus = tmp_path / "corpus"
@@ -388,6 +392,26 @@ def test_a_session_that_skips_corrupt_files_does_not_drop_one_silently(spark, tm
                                         progress_bar=False))
         assert spark.conf.get(key) == "true"
         assert caplog.text.count(f"{key} is true in this Spark session") == 1
+        corpus_module._TOLD.clear()  # (once per application: as if the encode came first)
+        caplog.clear()
+        with pytest.raises(ConfigError, match=r"b\.json\.gz is not a readable JSON lines"):
+            encode_corpus(spark, Config(input=str(corpus), input_format="json",
+                                        tokenizer=str(run), output=str(tmp_path / "enc"),
+                                        progress_bar=False))
+        assert "(the encode job reads every row: fix or remove them)" in caplog.text
+        assert "--ignore-corrupt-files" not in caplog.text  # (not a flag of the encode's)
+        # a word table read through Spark (remote tables, the Spark engine): not skipped
+        from pipeline.spark_session import file_reader
+
+        words = tmp_path / "words-data"
+        words.mkdir()
+        for name in ("a", "b"):
+            pq.write_table(pa.table({"word": [b"x"], "count": [1]}), words / f"{name}.parquet")
+        whole = (words / "b.parquet").read_bytes()
+        (words / "b.parquet").write_bytes(whole[: len(whole) // 2])
+        assert spark.read.parquet(str(words)).count() == 1  # (what the session does)
+        with pytest.raises(Exception, match="b.parquet"):
+            file_reader(spark).parquet(str(words)).count()
     finally:
         spark.conf.unset(key)
 

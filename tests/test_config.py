@@ -252,6 +252,9 @@ def test_the_arrow_count_reader_refuses_what_only_spark_reads(tmp_path):
     validate(words, "train")  # (not read: only said, by the run, to be unused)
     assert unused_with_words(words) == ["text_column", "count_reader"]
     assert unused_with_words(cfg("--input", "data/sample", *base)) == []
+    sampled = cfg("--words", str(tmp_path / "w.tsv"), *base, "--text-column", "body",
+                  "--report-sample", "data/sample")  # (the sample is read with text_column)
+    assert unused_with_words(sampled) == ["count_reader"]
 
 
 def test_a_hadoop_brace_glob_is_one_source():

@@ -292,9 +292,9 @@ def test_checkpoints_of_another_run_in_a_shared_directory_are_refused_not_delete
     same = Checkpointer(None, str(shared), fingerprint_of(first), 256, first,
                         run=str(tmp_path / "b")).load()
     assert same is not None and len(same[0]) == 3
-    # the writer's own rerun on a grown input: stale, deleted (as before)
+    # the writer's own rerun on a grown input (its output spelled otherwise): stale, deleted
     assert Checkpointer(None, str(shared), fingerprint_of(second), 256, second,
-                        run=str(tmp_path / "a")).load() is None
+                        run=f"file://{tmp_path}/a/").load() is None
     assert checkpoints(shared) == []
 
     moved = tmp_path / "moved"  # RUN/checkpoints written as /old/run, the run now elsewhere

@@ -951,6 +951,8 @@ def test_a_dataframe_of_files_is_counted_in_path_order(spark, tmp_path):
     in_order = merges("sorted-file", input=str(tmp_path / "sorted"))
     assert in_order != ref
     assert merges("orderBy", spark.read.parquet(str(parquet)).orderBy("text")) == in_order
+    assert merges("orderBy-coalesce", spark.read.parquet(str(parquet)).orderBy("text")
+                  .coalesce(1)) == in_order  # (a coalesce joins the sorted partitions)
     assert merges("orderBy-desc", spark.read.parquet(str(parquet)).repartition(3)
                   .orderBy(F.desc("text"))) != in_order
     assert merges("orderBy-repartition", spark.read.parquet(str(parquet)).orderBy("text")

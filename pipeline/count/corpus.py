@@ -462,18 +462,22 @@ IGNORE_CORRUPT_KEY = "spark.sql.files.ignoreCorruptFiles"
 
 
 @contextlib.contextmanager
-def skipping_corrupt_files(spark: SparkSession, skip: bool) -> Iterator[None]:
+def skipping_corrupt_files(spark: SparkSession, skip: bool, can_skip: bool = True
+                           ) -> Iterator[None]:
     """Spark's readers skip unreadable files (spark.sql.files.ignoreCorruptFiles) while this
     lasts exactly when ``skip`` (``ignore_corrupt_files``); the session's own setting is put
     back after (it may be the user's, in pipeline.api, and other reads must keep it). A
     session that skips them already (a cluster default, ``--conf``) does not while this
     lasts without ``skip``: it would drop a damaged file's rows silently, with no file
-    listed as left out (warned once per session)."""
+    listed as left out (warned once per session). ``can_skip``: the job has
+    ``ignore_corrupt_files`` (count, train; not the encode, which reads every row)."""
     before = spark.conf.get(IGNORE_CORRUPT_KEY, None)
     if not skip and str(before).lower() == "true" and not _told_of_session_skip(spark):
         log.warning("%s is true in this Spark session: not for the corpus, whose unreadable "
-                    "files stop the job, named (give --ignore-corrupt-files to leave them "
-                    "out and list them in stats.json)", IGNORE_CORRUPT_KEY)
+                    "files stop the job, named (%s)", IGNORE_CORRUPT_KEY,
+                    "give --ignore-corrupt-files to leave them out and list them in "
+                    "stats.json" if can_skip else "the encode job reads every row: fix or "
+                    "remove them")
     spark.conf.set(IGNORE_CORRUPT_KEY, "true" if skip else "false")
     try:
         yield
@@ -558,6 +562,8 @@ def read_source(spark: SparkSession, cfg: Config, name: str, frame: DataFrame | 
             df = _read_json(spark, cfg, fsutil.spark_path(name), all_columns)
         else:
             df = _read_files(spark, cfg.input_format, fsutil.spark_path(name))
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - AnalysisException, or py4j errors
         named = None if isinstance(exc, AnalysisException) \
             else unreadable_file_error(exc, can_skip, format_name(cfg))
@@ -682,8 +688,10 @@ def _plan_nodes(df: DataFrame) -> list[tuple[str, Any]]:
 
 def _sorted_last(nodes: list[tuple[str, Any]]) -> bool:
     """Whether the last step of a plan that moves rows is a global sort (``orderBy``): its
-    partitions then hold the rows in the order asked for, which is the corpus order."""
-    moving = next((node for name, node in nodes if name in _ROW_MOVING), None)
+    partitions then hold the rows in the order asked for, which is the corpus order. A
+    ``coalesce`` after it (a Repartition without a shuffle) joins partitions in order."""
+    moving = next((node for name, node in nodes if name in _ROW_MOVING
+                   and not (name == "Repartition" and not node.shuffle())), None)  # coalesce
     return moving is not None and str(moving.nodeName()) == "Sort" \
         and bool(getattr(moving, "global")())
 
@@ -780,6 +788,11 @@ def _read_json(spark: SparkSession, cfg: Config, name: str, all_columns: bool = 
     if not files:
         return spark.read.options(**JSON_OPTIONS).json(name)
     first = _first_json_schema(spark, files)
+    if column not in first.columns and first.columns == ["_corrupt_record"]:
+        bad = fsutil.local_path(normalize_uri(sorted(first.inputFiles())[0]))
+        raise ConfigError(f"config key 'input': {bad} has no record Spark's JSON reader could "
+                          f"read (its only column is _corrupt_record): {JSON_LINES_ONLY}; fix "
+                          "it or move it out of the input")
     if column not in first.columns:
         return first
     schema = first.schema if all_columns else T.StructType([first.schema[column]])
@@ -828,12 +841,15 @@ def _metadata_fields(df: DataFrame) -> list[str] | None:
     return meta.fieldNames() if isinstance(meta, T.StructType) else None
 
 
+JSON_LINES_ONLY = ("JSON input must be JSON lines, one object per line; a pretty-printed file "
+                   "or a JSON array is not")
+
+
 def check_text_column(df: DataFrame, text_column: str, name: str) -> None:
     if text_column not in df.columns and df.columns == ["_corrupt_record"]:
         raise ConfigError(
             f"config key 'text_column': {name} has no record Spark's JSON reader could read "
-            "(its only column is _corrupt_record): JSON input must be JSON lines, one object "
-            "per line; a pretty-printed file or a JSON array is not")
+            f"(its only column is _corrupt_record): {JSON_LINES_ONLY}")
     if text_column not in df.columns:
         raise ConfigError(
             f"config key 'text_column': column {text_column!r} not in {name} "

@@ -46,6 +46,7 @@ from pipeline.count.word_table import (
     write_table_data,
 )
 from pipeline.pretokenize import Pretokenizer
+from pipeline.spark_session import file_reader
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def _spark_tsv(spark, path: str) -> Iterator[tuple[str, Iterable[str]]]:
     per row (``wholetext``; .gz decompressed by Hadoop), in path order."""
     from pyspark.sql import functions as F
 
-    df = spark.read.text(path, wholetext=True).select(
+    df = file_reader(spark).text(path, wholetext=True).select(
         "value", F.col("_metadata.file_path").alias("file"))
     suffix = F.lit(False)
     for s in TSV_SUFFIXES:
@@ -219,7 +220,8 @@ def read_parquet(spark, path: str) -> pa.Table:
 
         # (every file's columns: a schema from one file could miss first_seen)
         try:
-            df = spark.read.option("mergeSchema", "true").parquet(fsutil.spark_path(path))
+            df = file_reader(spark).option("mergeSchema", "true").parquet(
+                fsutil.spark_path(path))
         except Exception as exc:  # noqa: BLE001 - files whose columns do not merge, unreadable
             raise ConfigError(f"config key 'words': {path} is neither a word table of ours, "
                               f"TSV nor readable Parquet ({first_line(exc)})") from None

@@ -31,6 +31,7 @@ from pipeline.count.word_table import (
     sum_duplicates,
 )
 from pipeline.order import CORPUS_KEY, FirstSeenLayout, corpus_order
+from pipeline.spark_session import file_reader
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def merge_with_spark(partial: DataFrame, side: list[pa.RecordBatch], n_files: in
     table = spark_word_table(partial, layout, splits, drop)
     path = fsutil.spark_path(fsutil.join(tmp, "data"))
     table.write.parquet(path)
-    unique_words = table.sparkSession.read.parquet(path).count()  # (from the files' footers)
+    unique_words = file_reader(table.sparkSession).parquet(path).count()  # (the footers)
     t_done = time.time()
     log.info("merged the partial counts with Spark and wrote them in %.1f s", t_done - t0)
     return stats, unique_words, t_done

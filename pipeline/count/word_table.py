@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
 from pipeline.pretokenize import PretokenizerSpec
+from pipeline.spark_session import file_reader
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +221,10 @@ def read_word_table(spark: SparkSession, wt: WordTable) -> pa.Table:
         files = sorted(os.path.join(local, f) for f in os.listdir(local)
                        if f.endswith(".parquet") and not f.startswith((".", "_")))
         table = pa.concat_tables([pq.read_table(f, columns=columns) for f in files]) \
-            if files else collect_arrow(spark.read.parquet(fsutil.spark_path(wt.data_path))
-                                        .select(*columns))
+            if files else collect_arrow(file_reader(spark).parquet(
+                fsutil.spark_path(wt.data_path)).select(*columns))
     else:
-        table = collect_arrow(spark.read.parquet(fsutil.spark_path(wt.data_path))
+        table = collect_arrow(file_reader(spark).parquet(fsutil.spark_path(wt.data_path))
                               .select(*columns))
     return table.sort_by("first_seen")
 
