@@ -549,12 +549,14 @@ def _parquet_rows(spark, cfg, sources: list[str], n: int) -> list:
     )
     from pipeline.spark_session import file_reader
 
-    reader = file_reader(spark, cfg.ignore_corrupt_files)
+    def reader():  # (made when needed: a local sample is read without a SparkSession)
+        return file_reader(spark, cfg.ignore_corrupt_files)
+
     skipped: list[str] | None = [] if cfg.ignore_corrupt_files else None
     files = [f for src in sources for f in list_local_corpus(src, cfg.text_column,
                                                               skipped=skipped)
              or sorted(normalize_uri(u) for u in  # (file names, not URIs: a local one
-                       reader.parquet(fsutil.spark_path(src)).inputFiles())]  # is opened)
+                       reader().parquet(fsutil.spark_path(src)).inputFiles())]  # is opened)
     picked = files[:: max(1, len(files) // SAMPLE_FILES)][:SAMPLE_FILES]
     per_file = -(-n // max(len(picked), 1))
     rows: list = []
@@ -564,7 +566,7 @@ def _parquet_rows(spark, cfg, sources: list[str], n: int) -> list:
             if fsutil.is_local(f):  # a local file: read its first rows directly, no Spark job
                 rows += _first_rows(fsutil.local_path(f), cfg.text_column, want)
             else:
-                df = reader.parquet(literal_path(as_uri(f))).select(column(cfg.text_column))
+                df = reader().parquet(literal_path(as_uri(f))).select(column(cfg.text_column))
                 rows += [r[0] for r in df.limit(want).collect()]
         except Exception as exc:
             if not cfg.ignore_corrupt_files:

@@ -52,6 +52,19 @@ class DeferredSession:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._on_create: list[Callable[[SparkSession], None]] = []
+
+    @contextlib.contextmanager
+    def when_created(self, fn: Callable[[SparkSession], None]) -> Iterator[None]:
+        """While this lasts, ``fn(session)`` runs once if the session is created (on first
+        use, in the thread that uses it): a setting that must hold while Spark SQL reads, made
+        without creating the session for a run that never needs one."""
+        self._on_create.append(fn)
+        try:
+            yield
+        finally:
+            if fn in self._on_create:
+                self._on_create.remove(fn)
 
     def start(self) -> None:
         """Begin creating the session in the background (no-op once begun)."""
@@ -80,6 +93,9 @@ class DeferredSession:
         if self._error is not None:
             raise self._error
         assert self._session is not None
+        hooks, self._on_create = self._on_create, []
+        for fn in hooks:
+            fn(self._session)
         return self._session
 
     def __getattr__(self, name: str):  # anything but sparkContext: the session's

@@ -272,6 +272,31 @@ def test_deferred_session_is_created_only_when_used(spark, tmp_path):
     assert early.created and early.session() is spark
 
 
+def test_corrupt_file_setting_reaches_a_session_created_while_reading(spark):
+    """skipping_corrupt_files does not create a deferred session, but when Spark SQL creates
+    it inside the block the setting holds there, and the session's own value comes back
+    after; outside any block nothing is set."""
+    from pyspark.sql import SparkSession
+
+    from pipeline.count.corpus import IGNORE_CORRUPT_KEY, skipping_corrupt_files
+    from pipeline.spark_session import DeferredSession
+
+    spark.conf.set(IGNORE_CORRUPT_KEY, "false")
+    try:
+        unused = DeferredSession(SparkSession.builder, spark.sparkContext, lambda s: None)
+        with skipping_corrupt_files(unused, True):
+            pass
+        assert not unused.created
+        assert unused.conf.get(IGNORE_CORRUPT_KEY) == "false"  # (the hook went with the block)
+        lazy = DeferredSession(SparkSession.builder, spark.sparkContext, lambda s: None)
+        with skipping_corrupt_files(lazy, True):
+            assert not lazy.created
+            assert lazy.conf.get(IGNORE_CORRUPT_KEY) == "true"  # created here, set for the read
+        assert lazy.conf.get(IGNORE_CORRUPT_KEY) == "false"
+    finally:
+        spark.conf.unset(IGNORE_CORRUPT_KEY)
+
+
 def test_a_table_that_cut_special_tokens_after_normalization_is_recounted(spark, tmp_path,
                                                                           caplog):
     """Tables from before special tokens were found in the raw text are recounted when

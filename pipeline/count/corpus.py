@@ -28,7 +28,7 @@ from pyspark.sql.utils import AnalysisException
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
-from pipeline.spark_session import start_session
+from pipeline.spark_session import DeferredSession, start_session
 
 log = logging.getLogger(__name__)
 
@@ -470,7 +470,20 @@ def skipping_corrupt_files(spark: SparkSession, skip: bool, can_skip: bool = Tru
     session that skips them already (a cluster default, ``--conf``) does not while this
     lasts without ``skip``: it would drop a damaged file's rows silently, with no file
     listed as left out (warned once per session). ``can_skip``: the job has
-    ``ignore_corrupt_files`` (count, train; not the encode, which reads every row)."""
+    ``ignore_corrupt_files`` (count, train; not the encode, which reads every row). A
+    session not created yet (:class:`DeferredSession`) is not created for this: the setting
+    is made if Spark SQL is used while this lasts."""
+    if isinstance(spark, DeferredSession) and not spark.created:
+        with contextlib.ExitStack() as made, spark.when_created(
+                lambda session: made.enter_context(_skipping(session, skip, can_skip))):
+            yield
+        return
+    with _skipping(spark, skip, can_skip):
+        yield
+
+
+@contextlib.contextmanager
+def _skipping(spark: SparkSession, skip: bool, can_skip: bool) -> Iterator[None]:
     before = spark.conf.get(IGNORE_CORRUPT_KEY, None)
     if not skip and str(before).lower() == "true" and not _told_of_session_skip(spark):
         log.warning("%s is true in this Spark session: not for the corpus, whose unreadable "
