@@ -138,6 +138,9 @@ def _recent_point(points: list[tuple[float, float]], now: float, since: float, b
     return old_enough[-1] if old_enough else (usable[0] if usable else None)
 
 
+POLL_WAIT_SECONDS = 5.0  # how long a stage's end waits for a heartbeat's poll in progress
+
+
 class Stage:
     """A running stage: ``update`` it with what is done; heartbeats are throttled."""
 
@@ -179,8 +182,8 @@ class Stage:
             self.rate_from = (time.time(), self.done or 0)
             self.points = []
 
-    def beat(self, event: str = "beat") -> None:
-        if self.poll is not None and event != "start":
+    def beat(self, event: str = "beat", poll: bool = True) -> None:
+        if self.poll is not None and event != "start" and poll:
             with contextlib.suppress(Exception):  # progress must never fail the job
                 fresh = dict(self.poll())
                 with self.lock:
@@ -455,9 +458,9 @@ class Progress:
             raise
         else:
             stop.set()
-            ticker.join()
-            st.closed = True
-            st.beat("end")
+            ticker.join(POLL_WAIT_SECONDS)  # (a poll stuck in a call to the JVM must not keep
+            st.closed = True                # the stage from ending: its beat is dropped)
+            st.beat("end", poll=not ticker.is_alive())
             _current_stage = previous
             _stage_changed()
         finally:

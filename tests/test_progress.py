@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 import time
 
 import pytest
@@ -319,6 +320,34 @@ def test_no_heartbeat_follows_a_failed_stage(tmp_path):
     events = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert events[-1]["event"] == "error", events
     assert not [e for e in events if e["event"] == "beat" and "error" in e]
+
+
+def test_a_poll_that_hangs_does_not_keep_the_stage_from_ending(tmp_path, monkeypatch):
+    """A heartbeat's poll stuck in a call (a JVM that does not answer) delays the stage's end
+    by at most POLL_WAIT_SECONDS; the end line comes without a poll, and the stuck beat,
+    when its poll returns, is dropped."""
+    monkeypatch.setattr(progress_mod, "POLL_WAIT_SECONDS", 0.3, raising=False)
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=0.05, bar=False)
+    release, entered = threading.Event(), threading.Event()
+    polls = []
+
+    def hanging_poll() -> dict:
+        polls.append(threading.current_thread().name)
+        entered.set()
+        release.wait(30)
+        return {"rows": 7}
+
+    t0 = time.monotonic()
+    with prog.stage("count", poll=hanging_poll):
+        assert entered.wait(5)  # the ticker is inside the poll now
+    took = time.monotonic() - t0
+    release.set()
+    time.sleep(0.3)  # the stuck beat's poll has returned
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert took < 2.0, took
+    assert events[-1]["event"] == "end" and "rows" not in events[-1], events
+    assert len(polls) == 1  # (the end did not poll again)
 
 
 def test_the_bar_is_cleared_before_each_log_line_and_redrawn_after(monkeypatch):
