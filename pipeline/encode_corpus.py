@@ -814,7 +814,8 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
     t_enc = time.time()
     try:
         with job_group(sc, "encode") as group, progress.stage(
-                "encode", unit="tasks", poll=read_progress(sc, group, counts)):
+                "encode", unit="tasks", poll=read_progress(sc, group, counts),
+                recent_eta=True):
             counts.begin("")  # the reading (and encoding) starts: its tasks out of all
             if source.local is not None:
                 encode_local(spark, source.local, source.bc, acc, counts, tmp)

@@ -554,12 +554,16 @@ def _wait_for_tasks(sc: SparkContext, group: str, seconds: float) -> None:
 
 class TaskReporter:
     """Inside one task: its running totals (rows and bytes read), written to a small file the
-    driver reads (local masters) at the first update, then at most every ``REPORT_SECONDS``,
-    and at the end; on a cluster, only at the end (an accumulator)."""
+    driver reads (local masters) as it starts, at the first update, then at most every
+    ``REPORT_SECONDS``, and at the end (marked ended); on a cluster, only at the end (an
+    accumulator)."""
 
     def __init__(self, counts: TaskCounts, task: int):
         self.counts, self.task = counts, task
         self.next = time.monotonic()  # the first update is written at once
+        if counts.directory is not None:  # running from now (Spark's tracker hears late)
+            self._write(0, 0)
+            self.next = time.monotonic()
 
     def update(self, rows: int, nbytes: int) -> None:
         if self.counts.directory is not None and time.monotonic() >= self.next:
@@ -567,16 +571,16 @@ class TaskReporter:
 
     def finish(self, rows: int, nbytes: int) -> None:
         if self.counts.directory is not None:
-            self._write(rows, nbytes)
+            self._write(rows, nbytes, ended=True)
         else:
             self.counts.ended.add({self.task: (rows, nbytes)})
 
-    def _write(self, rows: int, nbytes: int) -> None:
+    def _write(self, rows: int, nbytes: int, ended: bool = False) -> None:
         self.next = time.monotonic() + REPORT_SECONDS
         path = os.path.join(self.counts.directory or "", f"task-{self.task}")
         with contextlib.suppress(OSError):  # progress never fails a task
             with open(f"{path}.{os.getpid()}.tmp", "w") as fh:
-                fh.write(f"{rows} {nbytes}\n")
+                fh.write(f"{rows} {nbytes} {int(ended)}\n")
             os.replace(f"{path}.{os.getpid()}.tmp", path)
 
 
@@ -623,16 +627,29 @@ class TaskCounts:
     def totals(self) -> tuple[int, int]:
         """(rows, bytes) read so far (driver side)."""
         if self.directory is None:
-            parts = list(self.ended.value.values())
+            parts = [(*p, 1) for p in self.ended.value.values()]
         else:
-            parts = []
-            for name in os.listdir(self.directory):
-                if not name.endswith(".tmp"):
-                    with contextlib.suppress(OSError, ValueError), \
-                            open(os.path.join(self.directory, name)) as fh:
-                        rows, nbytes = fh.read().split()
-                        parts.append((int(rows), int(nbytes)))
+            parts = self._task_files()
         return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def running(self) -> int | None:
+        """The tasks that have started reading and not ended (local masters; None on a
+        cluster). Spark's status tracker may count one of two tasks that started together
+        as running for the first 10-15 s (its live updates are throttled)."""
+        if self.directory is None:
+            return None
+        return sum(not p[2] for p in self._task_files())
+
+    def _task_files(self) -> list[tuple[int, int, int]]:
+        assert self.directory is not None
+        parts = []
+        for name in os.listdir(self.directory):
+            if not name.endswith(".tmp"):
+                with contextlib.suppress(OSError, ValueError), \
+                        open(os.path.join(self.directory, name)) as fh:
+                    rows, nbytes, ended = fh.read().split()
+                    parts.append((int(rows), int(nbytes), int(ended)))
+        return parts
 
     def close(self) -> None:
         if self.directory is not None:
@@ -685,7 +702,9 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
         rows, nbytes = counts.totals()
         read_began = state["read_began"] or state["began"]
         seconds = state["read_seconds"] or time.time() - read_began
-        out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}", "running": t["running"],
+        running = counts.running()
+        out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}",
+                     "running": t["running"] if running is None else max(running, t["running"]),
                      "rows": rows, "bytes_read": nbytes,
                      "bytes_per_s": int(nbytes / max(seconds, 1e-3)),
                      "rate_from": (read_began, 0)}

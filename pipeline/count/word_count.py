@@ -442,7 +442,8 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
         counts = TaskCounts.create(sc)
         try:
             with job_group(sc, "count") as group, progress.stage(
-                    "count", unit="tasks", poll=read_progress(sc, group, counts)) as stage:
+                    "count", unit="tasks", poll=read_progress(sc, group, counts),
+                    recent_eta=True) as stage:
                 with skipping_corrupt_files(spark, cfg.ignore_corrupt_files):
                     wt = _count(_CountJob(spark, cfg, cfg.pretokenizer_spec(), t0, counts,
                                           lease.check, before_replacing), frame)
