@@ -203,7 +203,8 @@ class Stage:
                 if self.unit:
                     rec["unit"] = self.unit  # (what done counts may change within a stage)
                 count = f"{done:,.0f}" + (f"/{total:,.0f}" if total else "")
-                parts.append(f"{count} {self.unit}".strip())
+                if done or total:  # ("0 tasks" of no known total says nothing: a count's
+                    parts.append(f"{count} {self.unit}".strip())  # merge on the driver)
                 if total:
                     rec["total"] = total
                     if event == "beat":

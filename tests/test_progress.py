@@ -350,6 +350,26 @@ def test_a_poll_that_hangs_does_not_keep_the_stage_from_ending(tmp_path, monkeyp
     assert len(polls) == 1  # (the end did not poll again)
 
 
+def test_no_tasks_yet_of_no_known_total_is_not_a_figure(caplog):
+    """The count's merge on the driver runs no Spark task: its heartbeat says what it does,
+    not '0 tasks'; tasks it does run are counted; progress.jsonl keeps done = 0."""
+    caplog.set_level(logging.INFO, logger="pipeline.progress")
+    sink = io.StringIO()
+    seen = {"done": 0}
+    prog = Progress("test", None, every=10, bar=False)
+    prog.emit = lambda rec, text: sink.write(f"{json.dumps(rec)}\t{text}\n")
+    with prog.stage("count", unit="tasks",
+                    poll=lambda: {**seen, "note": "merging the partial counts (driver)"}) as st:
+        st.update(force=True)
+        seen["done"] = 3
+        st.update(force=True)
+    lines = [line.split("\t") for line in sink.getvalue().splitlines()]
+    beats = [(json.loads(rec), text) for rec, text in lines if json.loads(rec)["event"] == "beat"]
+    assert beats[0][0]["done"] == 0 and "0 tasks" not in beats[0][1], beats[0]
+    assert beats[0][1].startswith("count: merging the partial counts (driver), "), beats[0]
+    assert "3 tasks" in beats[1][1], beats[1]
+
+
 def test_the_bar_is_cleared_before_each_log_line_and_redrawn_after(monkeypatch):
     term = io.StringIO()
     bar = TerminalBar(term)
