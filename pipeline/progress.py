@@ -188,7 +188,9 @@ class Stage:
                 fresh = dict(self.poll())
                 with self.lock:
                     self.done = fresh.pop("done", self.done)
-                    self.unit = fresh.pop("unit", self.unit)
+                    unit = fresh.pop("unit", self.unit)
+                    if unit != self.unit:  # (a recent rate of rows is no rate of tasks)
+                        self.unit, self.points = unit, []
                     self.total = fresh.pop("total", self.total)
                     self.rate_from = fresh.pop("rate_from", self.rate_from)
                     self.fields.update(fresh)
@@ -203,8 +205,9 @@ class Stage:
                 if self.unit:
                     rec["unit"] = self.unit  # (what done counts may change within a stage)
                 count = f"{done:,.0f}" + (f"/{total:,.0f}" if total else "")
-                if done or total:  # ("0 tasks" of no known total says nothing: a count's
-                    parts.append(f"{count} {self.unit}".strip())  # merge on the driver)
+                if done or total or self.unit != "tasks":  # ("0 tasks" of no known total
+                    parts.append(f"{count} {self.unit}".strip())  # says nothing: the
+                    # count's merge on the driver runs no Spark task)
                 if total:
                     rec["total"] = total
                     if event == "beat":

@@ -53,18 +53,23 @@ class DeferredSession:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._on_create: list[Callable[[SparkSession], None]] = []
+        self._hooks = threading.RLock()  # held while hooks run: every user waits for them
 
     @contextlib.contextmanager
     def when_created(self, fn: Callable[[SparkSession], None]) -> Iterator[None]:
-        """While this lasts, ``fn(session)`` runs once if the session is created (on first
-        use, in the thread that uses it): a setting that must hold while Spark SQL reads, made
-        without creating the session for a run that never needs one."""
-        self._on_create.append(fn)
+        """While this lasts, ``fn(session)`` runs once when the session is first used (in
+        the thread that uses it first; any other thread using it waits until it has run): a
+        setting that must hold while Spark SQL reads, made without creating the session for a
+        run that never needs one. After the block ``fn`` never runs (one running is waited
+        for)."""
+        with self._hooks:
+            self._on_create.append(fn)
         try:
             yield
         finally:
-            if fn in self._on_create:
-                self._on_create.remove(fn)
+            with self._hooks:
+                if fn in self._on_create:
+                    self._on_create.remove(fn)
 
     def start(self) -> None:
         """Begin creating the session in the background (no-op once begun)."""
@@ -84,7 +89,13 @@ class DeferredSession:
 
     @property
     def created(self) -> bool:
+        """Whether the session's creation has begun."""
         return self._thread is not None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the session exists (using it does not wait)."""
+        return self._session is not None
 
     def session(self) -> SparkSession:
         self.start()
@@ -93,9 +104,9 @@ class DeferredSession:
         if self._error is not None:
             raise self._error
         assert self._session is not None
-        hooks, self._on_create = self._on_create, []
-        for fn in hooks:
-            fn(self._session)
+        with self._hooks:  # (one at a time: a hook that raises leaves the others queued)
+            while self._on_create:
+                self._on_create.pop(0)(self._session)
         return self._session
 
     def __getattr__(self, name: str):  # anything but sparkContext: the session's
@@ -626,19 +637,22 @@ class TaskCounts:
 
     def totals(self) -> tuple[int, int]:
         """(rows, bytes) read so far (driver side)."""
-        if self.directory is None:
-            parts = [(*p, 1) for p in self.ended.value.values()]
-        else:
-            parts = self._task_files()
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+        return self.progress()[:2]
 
     def running(self) -> int | None:
         """The tasks that have started reading and not ended (local masters; None on a
         cluster). Spark's status tracker may count one of two tasks that started together
         as running for the first 10-15 s (its live updates are throttled)."""
+        return self.progress()[2]
+
+    def progress(self) -> tuple[int, int, int | None]:
+        """(rows, bytes, running tasks): :meth:`totals` and :meth:`running` in one read."""
         if self.directory is None:
-            return None
-        return sum(not p[2] for p in self._task_files())
+            parts = [(*p, 1) for p in self.ended.value.values()]
+        else:
+            parts = self._task_files()
+        running = None if self.directory is None else sum(not p[2] for p in parts)
+        return sum(p[0] for p in parts), sum(p[1] for p in parts), running
 
     def _task_files(self) -> list[tuple[int, int, int]]:
         assert self.directory is not None
@@ -699,10 +713,9 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
 
     def poll() -> dict:
         t = reading()
-        rows, nbytes = counts.totals()
+        rows, nbytes, running = counts.progress()
         read_began = state["read_began"] or state["began"]
         seconds = state["read_seconds"] or time.time() - read_began
-        running = counts.running()
         out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}",
                      "running": t["running"] if running is None else max(running, t["running"]),
                      "rows": rows, "bytes_read": nbytes,

@@ -290,6 +290,33 @@ def test_the_merges_eta_holds_steady_when_rounds_alternate_small_and_large(tmp_p
         assert 0.8 * true <= b["eta"] <= 1.25 * true, (b, true)
 
 
+def test_a_recent_eta_is_not_measured_across_a_change_of_unit(tmp_path, monkeypatch):
+    """The count's heartbeat counts rows while its tasks read, tasks while the driver merges,
+    rows again at the end: a point of 2 tasks is no point of rows (it made the ETA of a beat
+    of 900 rows out of 1,000 say 0.1 s)."""
+    clock = [1000.0]
+    fake = type("FakeTime", (), {"time": staticmethod(lambda: clock[0]),
+                                 "monotonic": staticmethod(lambda: clock[0]),
+                                 "sleep": staticmethod(time.sleep)})
+    monkeypatch.setattr(progress_mod, "time", fake)
+    polled = [{"unit": "rows", "done": 100, "total": 1000},
+              {"unit": "tasks", "done": 2, "total": None},
+              {"unit": "rows", "done": 900, "total": 1000},
+              {"unit": "rows", "done": 950, "total": 1000}]
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=1000, bar=False)
+    with prog.stage("count", unit="rows", poll=lambda: polled.pop(0),
+                    recent_eta=True) as st:
+        for _ in range(4):
+            clock[0] += 10
+            st.update(force=True)
+        polled.append({"unit": "rows", "done": 1000, "total": 1000})  # (the end's poll)
+    beats = [e for e in map(json.loads, jsonl.read_text().splitlines()) if e["event"] == "beat"]
+    assert [b["unit"] for b in beats] == ["rows", "tasks", "rows", "rows"]
+    assert "eta" not in beats[2], beats[2]  # no earlier point of rows since the change
+    assert beats[3]["eta"] == 10.0, beats[3]  # 50 left at 50 rows in 10 s
+
+
 def test_the_merges_eta_shows_with_heartbeats_under_a_second_apart(tmp_path):
     """With ``heartbeat_seconds`` below 1 the recent rate is still measured over a second or
     more (it was measured from the previous heartbeat only, never a second back: no ETA)."""

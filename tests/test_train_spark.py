@@ -272,6 +272,55 @@ def test_deferred_session_is_created_only_when_used(spark, tmp_path):
     assert early.created and early.session() is spark
 
 
+def test_a_deferred_sessions_hooks_have_run_for_every_thread_that_uses_it():
+    """The thread that uses the session first runs the hooks; another thread using it at the
+    same time waits until they have run (the warm-up thread must not let the reading thread
+    read before its setting is made); a hook that raises leaves the next ones queued; a
+    hook whose block has ended never runs."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from pipeline.spark_session import DeferredSession
+
+    made = SimpleNamespace(conf={})
+    builder = SimpleNamespace(getOrCreate=lambda: made)
+    lazy = DeferredSession(builder, None, lambda s: None)
+    in_hook = threading.Event()
+
+    def slow_setting(session) -> None:
+        in_hook.set()
+        time.sleep(0.5)
+        session.conf["k"] = "set"
+
+    seen: dict = {}
+    with lazy.when_created(lambda s: None), lazy.when_created(slow_setting):
+        first = threading.Thread(target=lazy.session)
+        first.start()
+        assert in_hook.wait(5)
+        seen["other"] = dict(lazy.session().conf)  # the hook runs in the other thread
+        first.join()
+    assert seen["other"] == {"k": "set"}
+
+    failing = DeferredSession(builder, None, lambda s: None)
+    calls: list[str] = []
+
+    def boom(session) -> None:
+        calls.append("boom")
+        raise RuntimeError("boom")
+
+    with failing.when_created(boom), failing.when_created(lambda s: calls.append("next")):
+        with pytest.raises(RuntimeError):
+            failing.session()
+        failing.session()
+    assert calls == ["boom", "next"]
+    ended = DeferredSession(builder, None, lambda s: None)
+    with ended.when_created(lambda s: calls.append("late")):
+        pass
+    ended.session()
+    assert calls == ["boom", "next"]
+
+
 def test_corrupt_file_setting_reaches_a_session_created_while_reading(spark):
     """skipping_corrupt_files does not create a deferred session, but when Spark SQL creates
     it inside the block the setting holds there, and the session's own value comes back

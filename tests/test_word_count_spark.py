@@ -714,6 +714,36 @@ def test_the_encodes_end_line_counts_its_tasks_done_before_spark_s_tracker_does(
     assert (end["unit"], end["done"], end["tasks"]) == ("rows", 367, "3/3")
 
 
+def test_running_tasks_are_those_that_started_not_what_the_tracker_heard(tmp_path):
+    """Spark's tracker throttles its live updates: on the 1 GB count it said 'running 1' for
+    15 s while both tasks ran. With a local master a task counts as running from its start
+    (before it has read a row) until it ends."""
+    from types import SimpleNamespace
+
+    from pipeline.spark_session import TaskCounts, read_progress
+
+    stage = SimpleNamespace(numTasks=4, numCompletedTasks=0, numActiveTasks=1)
+    jobs: list[int] = []
+    tracker = SimpleNamespace(
+        getJobIdsForGroup=lambda group: list(jobs),
+        getJobInfo=lambda job: SimpleNamespace(status="RUNNING", stageIds=[7]),
+        getStageInfo=lambda stage_id: stage)
+    sc = SimpleNamespace(statusTracker=lambda: tracker)
+    counts = TaskCounts(str(tmp_path), SimpleNamespace(value={}))
+    poll = read_progress(sc, "g", counts)
+    counts.begin("")
+    jobs.append(1)  # the reading's job
+    assert poll()["running"] == 1  # no task has reported: the tracker's figure
+    first, second = counts.reporter(0), counts.reporter(1)  # both started, none read yet
+    assert poll()["running"] == 2
+    first.update(10, 100)
+    assert poll()["running"] == 2 and counts.totals() == (10, 100)
+    first.finish(12, 120)
+    second.finish(3, 30)
+    assert counts.totals() == (15, 150)
+    assert poll()["running"] == 1  # none left by the tasks: the tracker's again
+
+
 def test_a_word_table_replaces_only_a_word_table(spark, tmp_path):
     """count_words over a directory of other files, or over a file, is refused before any work
     and nothing is lost; over an earlier word table (or an empty directory) it is replaced."""

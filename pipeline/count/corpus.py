@@ -472,8 +472,9 @@ def skipping_corrupt_files(spark: SparkSession, skip: bool, can_skip: bool = Tru
     listed as left out (warned once per session). ``can_skip``: the job has
     ``ignore_corrupt_files`` (count, train; not the encode, which reads every row). A
     session not created yet (:class:`DeferredSession`) is not created for this: the setting
-    is made if Spark SQL is used while this lasts."""
-    if isinstance(spark, DeferredSession) and not spark.created:
+    is made if Spark SQL is used while this lasts (one being created in the background is not
+    waited for here)."""
+    if isinstance(spark, DeferredSession) and not spark.ready:
         with contextlib.ExitStack() as made, spark.when_created(
                 lambda session: made.enter_context(_skipping(session, skip, can_skip))):
             yield
