@@ -662,20 +662,22 @@ def test_a_count_heartbeat_counts_the_tasks_of_its_phase_only(spark):
     counts.close()
 
 
-def _tracker_that_has_not_heard():
-    """A SparkContext stand-in whose status tracker has not heard of any of a job's 3 tasks
-    ending (its jobs: the list returned), and TaskCounts whose tasks read 367 rows."""
+def _tracker_that_has_not_heard(tasks: int = 3, active: int = 3, directory: str | None = None):
+    """A SparkContext stand-in whose status tracker has not heard of any of a job's ``tasks``
+    ending and counts ``active`` running (its jobs: the list returned), and TaskCounts whose
+    tasks read 367 rows (a cluster's), or those the tasks report in ``directory``."""
     from types import SimpleNamespace
 
     from pipeline.spark_session import TaskCounts
 
-    stage = SimpleNamespace(numTasks=3, numCompletedTasks=0, numActiveTasks=3)
+    stage = SimpleNamespace(numTasks=tasks, numCompletedTasks=0, numActiveTasks=active)
     jobs: list[int] = []
     tracker = SimpleNamespace(
         getJobIdsForGroup=lambda group: list(jobs),
         getJobInfo=lambda job: SimpleNamespace(status="RUNNING", stageIds=[7]),
         getStageInfo=lambda stage_id: stage)
-    counts = TaskCounts(None, SimpleNamespace(value={0: (367, 125_900)}))
+    counts = TaskCounts(directory, SimpleNamespace(
+        value={} if directory else {0: (367, 125_900)}))
     return SimpleNamespace(statusTracker=lambda: tracker), jobs, counts
 
 
@@ -718,18 +720,9 @@ def test_running_tasks_are_those_that_started_not_what_the_tracker_heard(tmp_pat
     """Spark's tracker throttles its live updates: on the 1 GB count it said 'running 1' for
     15 s while both tasks ran. With a local master a task counts as running from its start
     (before it has read a row) until it ends."""
-    from types import SimpleNamespace
+    from pipeline.spark_session import read_progress
 
-    from pipeline.spark_session import TaskCounts, read_progress
-
-    stage = SimpleNamespace(numTasks=4, numCompletedTasks=0, numActiveTasks=1)
-    jobs: list[int] = []
-    tracker = SimpleNamespace(
-        getJobIdsForGroup=lambda group: list(jobs),
-        getJobInfo=lambda job: SimpleNamespace(status="RUNNING", stageIds=[7]),
-        getStageInfo=lambda stage_id: stage)
-    sc = SimpleNamespace(statusTracker=lambda: tracker)
-    counts = TaskCounts(str(tmp_path), SimpleNamespace(value={}))
+    sc, jobs, counts = _tracker_that_has_not_heard(tasks=4, active=1, directory=str(tmp_path))
     poll = read_progress(sc, "g", counts)
     counts.begin("")
     jobs.append(1)  # the reading's job
