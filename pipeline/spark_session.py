@@ -571,10 +571,9 @@ class TaskReporter:
 
     def __init__(self, counts: TaskCounts, task: int):
         self.counts, self.task = counts, task
-        self.next = time.monotonic()  # the first update is written at once
         if counts.directory is not None:  # running from now (Spark's tracker hears late)
             self._write(0, 0)
-            self.next = time.monotonic()
+        self.next = time.monotonic()  # the first update is written at once
 
     def update(self, rows: int, nbytes: int) -> None:
         if self.counts.directory is not None and time.monotonic() >= self.next:
@@ -639,14 +638,11 @@ class TaskCounts:
         """(rows, bytes) read so far (driver side)."""
         return self.progress()[:2]
 
-    def running(self) -> int | None:
-        """The tasks that have started reading and not ended (local masters; None on a
-        cluster). Spark's status tracker may count one of two tasks that started together
-        as running for the first 10-15 s (its live updates are throttled)."""
-        return self.progress()[2]
-
     def progress(self) -> tuple[int, int, int | None]:
-        """(rows, bytes, running tasks): :meth:`totals` and :meth:`running` in one read."""
+        """(rows, bytes, running tasks): the running ones are those that have started and
+        not ended (local masters; None on a cluster): Spark's status tracker may count one of
+        two tasks that started together for the first 10-15 s (its live updates are
+        throttled)."""
         if self.directory is None:
             parts = [(*p, 1) for p in self.ended.value.values()]
         else:
