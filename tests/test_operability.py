@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 
 import pytest
@@ -51,3 +52,27 @@ def test_a_master_url_spark_cannot_parse_is_a_one_line_config_error(tmp_path, pr
     assert p.last_line().startswith("error: config key 'master': Spark cannot use the master "
                                     "URL 'bogus' (local[N], "), p.tail()
     assert "Py4JJavaError" not in p.err() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.spark
+def test_a_failed_task_under_the_shipped_log_config_shows_its_causes_not_its_frames(
+        tmp_path, procs):
+    """conf/spark/log4j2.properties (the README's SPARK_CONF_DIR) leaves Java stack frames
+    out of Spark's task-failure lines: a cut-off JSON file is Spark's error and its cause, a
+    few lines, then our one line; not 60 lines of frames per failure."""
+    corpus = tmp_path / "in"
+    corpus.mkdir()
+    rows = "".join(f'{{"text": "row {i} of a few words"}}\n' for i in range(50)).encode()
+    (corpus / "a.json.gz").write_bytes(gzip.compress(rows))
+    (corpus / "b.json.gz").write_bytes(gzip.compress(rows)[:40])
+    p = submit(["--input", str(corpus), "--input-format", "json", "--output",
+                str(tmp_path / "run"), "--vocab-size", "300"], tmp_path, "cut",
+               env=job_env(SPARK_CONF_DIR=str(REPO / "conf" / "spark")))
+    procs.append(p)
+    assert p.wait(120) == 2, p.tail()
+    log = p.log()
+    assert re.search(r"error: config key 'input': \S+/b\.json\.gz is not a readable JSON lines "
+                     r"file", p.last_line()), p.tail()
+    assert re.search(r"(?m)^Caused by: java\.io\.EOFException", log), log[-3000:]
+    assert not re.search(r"(?m)^\s+(at |\.\.\. \d+ more)", log), log[-3000:]
+    assert len(log.splitlines()) < 40, log
