@@ -78,9 +78,17 @@ def left_to_right(first: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     chained = nxt[first[:-1]] == first[1:]  # this occurrence's right symbol starts the next
     if not chained.any():
         return first
-    idx = np.arange(len(first))
-    chain_start = np.maximum.accumulate(np.where(np.r_[False, chained], 0, idx))
-    return first[((idx - chain_start) & 1) == 0]
+    # chains begin at 0 and after each break; keep the even offsets in each: the even
+    # indices, flipped along the chains that begin at an odd index (a few byte-wide passes,
+    # where a running maximum over the indices took seconds on a run of 20 M letters)
+    n = len(first)
+    starts = np.concatenate(([0], np.flatnonzero(~chained) + 1))
+    keep = np.zeros(n, dtype=bool)
+    keep[::2] = True
+    odd = (starts & 1).astype(bool)
+    if odd.any():
+        keep ^= np.repeat(odd, np.diff(np.append(starts, n)))
+    return first[keep]
 
 
 def left_to_right_few(first: list[int], nxt) -> list[int]:

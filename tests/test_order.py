@@ -48,6 +48,9 @@ def test_overlapping_occurrences_merge_left_to_right():
     nxt = np.array([2, -1, 4, -1, 5, -1])
     assert left_to_right(np.array([0, 2, 4]), nxt).tolist() == [0, 4]
     assert left_to_right(np.array([3]), nxt).tolist() == [3]
+    # a chain that begins at an odd index of ``first`` (0 alone, then 2 3 4): 2 and 4
+    nxt = np.array([1, 2, 3, 4, 5, -1])
+    assert left_to_right(np.array([0, 2, 3, 4]), nxt).tolist() == [0, 2, 4]
     # the plain-Python form (few positions) keeps the same ones, on every chain shape
     rng = np.random.default_rng(7)
     for _ in range(300):
