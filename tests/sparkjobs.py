@@ -23,16 +23,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pyspark
 
-from .conftest import REPO, SAMPLE
+from .conftest import FAST_JVM, REPO, SAMPLE
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_SUBMIT = SPARK_HOME / "bin" / "spark-submit"
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 TRAIN = REPO / "jobs" / "train.py"
 ENCODE = REPO / "jobs" / "encode.py"
-# Short test JVMs spend most of their CPU in the JIT compiler; C1 only and the serial GC make
-# them start and finish much faster on a small, shared machine (test tuning, not advice).
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # every job: no UI, few shuffle partitions (small corpora), fast executor JVMs
 QUIET_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
               "spark.executor.extraJavaOptions": FAST_JVM}
