@@ -283,6 +283,9 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
         progress.on_stage_change = lambda: _terminating.is_set() or \
             spark_session.set_last_words(killed_driver_line(job))
         watch_parent_jvm()
+        # under spark-submit: a SIGTERM is this job's from now on, not seconds later when
+        # its SparkContext has started
+        spark_session.hold_jvm_shutdown()
     try:
         return _run(job, description, body, argv)
     finally:
@@ -316,6 +319,7 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         for note in notes:
             log.info("%s", note)
         log.info("%s config: %s", job, cfg.to_json(job, indent=None))
+        faults.at("start")  # tests: a SIGTERM before the job's SparkContext exists
         code = int(body(cfg) or 0)
         _finished.set()  # (a SIGTERM from here on changes nothing: the job is done)
         return code

@@ -288,10 +288,14 @@ class _ShutdownHook:
         implements = ["java.lang.Runnable"]
 
 
-def _hold_jvm_shutdown(sc: SparkContext) -> None:
+def hold_jvm_shutdown() -> None:
     """Under spark-submit the JVM is this process's parent, and a scheduler's SIGTERM reaches
     only the JVM: register a JVM shutdown hook that calls :data:`on_jvm_shutdown` (set by the
-    job's entry point) through py4j's callback server (loopback, like the gateway)."""
+    job's entry point) through py4j's callback server (loopback, like the gateway). Called as
+    the job starts, before its SparkContext exists (the gateway spark-submit opened for this
+    driver is there from the start: pyspark's own connection to it, made now instead of when
+    the context is created), so that a SIGTERM while the job starts up is its last line too;
+    and again when the context has started (a no-op once registered)."""
     global _jvm_hook
     if on_jvm_shutdown is None or _jvm_hook is not None \
             or "PYSPARK_GATEWAY_PORT" not in os.environ:
@@ -299,11 +303,13 @@ def _hold_jvm_shutdown(sc: SparkContext) -> None:
     from pyspark.java_gateway import ensure_callback_server_started
 
     try:
-        gateway = sc._gateway
+        SparkContext._ensure_initialized()
+        gateway = SparkContext._gateway
         ensure_callback_server_started(gateway)
-        thread = sc._jvm.java.lang.Thread(_ShutdownHook(on_jvm_shutdown), "spark-bpe-sigterm")
-        _say_name_if_python_is_gone(sc, thread)
-        sc._jvm.java.lang.Runtime.getRuntime().addShutdownHook(thread)
+        jvm = gateway.jvm
+        thread = jvm.java.lang.Thread(_ShutdownHook(on_jvm_shutdown), "spark-bpe-sigterm")
+        _say_name_if_python_is_gone(jvm, thread)
+        jvm.java.lang.Runtime.getRuntime().addShutdownHook(thread)
         _jvm_hook = (gateway, thread)
     except Exception as exc:  # noqa: BLE001 - without it SIGTERM still stops the JVM
         logging.getLogger(__name__).warning("no JVM shutdown hook (%s): a SIGTERM to "
@@ -323,7 +329,7 @@ def _uncaught_handler(jvm: Any, action: str, event_property: str | None = None) 
                                               event_property)
 
 
-def _say_name_if_python_is_gone(sc: SparkContext, thread: Any) -> None:
+def _say_name_if_python_is_gone(jvm: Any, thread: Any) -> None:
     """If this Python driver is dead when the JVM shuts down (SIGKILL: the kernel's or a
     container's out-of-memory killer), the hook's call into it fails in the JVM: instead of
     py4j's stack trace, the JVM prints the hook thread's name, which :func:`set_last_words`
@@ -331,7 +337,7 @@ def _say_name_if_python_is_gone(sc: SparkContext, thread: Any) -> None:
     uncaught-exception handler that calls ``System.out.println(thread.getName())``: where
     PythonRunner sends the Python driver's own lines, stdout and stderr merged)."""
     try:
-        thread.setUncaughtExceptionHandler(_uncaught_handler(sc._jvm, "println", "name"))
+        thread.setUncaughtExceptionHandler(_uncaught_handler(jvm, "println", "name"))
     except Exception as exc:  # noqa: BLE001 - a JDK without java.desktop: py4j's trace then
         logging.getLogger(__name__).debug("no last words for a killed driver: %s", exc)
 
@@ -408,7 +414,7 @@ def hadoop_umask_from_process(sc: SparkContext) -> None:
 
 
 def _started(sc: SparkContext) -> None:
-    _hold_jvm_shutdown(sc)
+    hold_jvm_shutdown()
     _sigint_outside_finalizers()
     hadoop_umask_from_process(sc)
     _settings.update(sc.getConf().getAll())

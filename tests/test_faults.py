@@ -769,6 +769,28 @@ def test_sigterm_is_the_documented_exit_and_the_same_command_resumes(spark, corp
     assert merges_txt(run) == merges_txt(ref)
 
 
+@pytest.mark.spark
+def test_sigterm_while_the_job_starts_is_its_last_line_too(tmp_path, procs):
+    """A SIGTERM to spark-submit after the Python driver has started but before its
+    SparkContext exists (the JVM's shutdown hook is registered through the gateway as the
+    job starts): exit 143 with the same last line, nothing written, nothing left running."""
+    run = tmp_path / "run"
+    p = submit(["--output", str(run), "--vocab-size", "300"], tmp_path, "starting",
+               env=job_env(SPARK_BPE_INJECT="start=pause:60"))
+    procs.append(p)
+    p.wait_until(lambda: "train config:" in p.log(), 120, "the job to start")
+    assert "Spark application" not in p.log()  # (no SparkContext yet)
+    os.kill(p.proc.pid, signal.SIGTERM)
+    assert p.wait(60) == 143, p.tail()
+    assert p.last_line() == ("error: train terminated (SIGTERM or SIGINT to spark-submit); "
+                             "rerun the same command to resume"), p.tail()
+    deadline = time.time() + 20
+    while p.members() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not p.members(), f"left running: {p.members()}"
+    assert not run.exists()
+
+
 def mount_small_disk(where: Path, size: str) -> None:
     """A real filesystem of ``size`` (tmpfs) at ``where``, or a skip where this process may not
     mount one (not root, or a container without CAP_SYS_ADMIN). The one skip allowed under
