@@ -219,10 +219,22 @@ class PairTable:
         """(left, right, new) of the pair with this rank."""
         return int(self._left[rank]), int(self._right[rank]), int(self._new[rank])
 
+    STEP = 1 << 18  # pairs looked up at once: bounds the temporaries (about 40 bytes a pair)
+
     def ranks(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        """Rank of each pair (left[i], right[i]) (ids >= 0), -1 where it is not a merge."""
+        """Rank of each pair (left[i], right[i]) (ids >= 0), -1 where it is not a merge;
+        ``STEP`` pairs at a time (a 20 M-character word has 20 M pairs: its temporaries all
+        at once would be most of a gigabyte, which a first call pays for in page faults)."""
         if not self._built:
             self._build()
+        if len(left) <= self.STEP:
+            return self._ranks(left, right)
+        out = np.empty(len(left), np.int32)
+        for s in range(0, len(left), self.STEP):
+            out[s:s + self.STEP] = self._ranks(left[s:s + self.STEP], right[s:s + self.STEP])
+        return out
+
+    def _ranks(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         d = self.DENSE
         if not len(left) or (int(left.max()) < d and int(right.max()) < d):
             return self._dense[left * d + right]

@@ -334,6 +334,9 @@ def test_merges_equal_the_simple_algorithm(table: PairRanks, word: list[int]):
     pairs = PairTable(table)
     assert pairs.grouped_ok  # a trained list always allows the grouped merge
     assert merge_groups(word, pairs).tolist() == expected
+    stepped = PairTable(table)
+    stepped.STEP = 3  # pairs looked up a few at a time, as a long word's are
+    assert merge_groups(word, stepped).tolist() == expected
     assert merge_heap(word, table) == expected
     assert merge_scan(word, table) == expected
     assert bpe_encode(word, table) == expected
