@@ -34,6 +34,7 @@ import base64
 import dataclasses
 import heapq
 import json
+import operator
 from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
@@ -337,6 +338,34 @@ def merge_groups(symbols: Sequence[int] | bytes, table: PairTable) -> np.ndarray
     return out[out >= 0]
 
 
+def _check_text(text: object) -> None:
+    if not isinstance(text, str):
+        hint = " (decode the bytes first)" if isinstance(text, (bytes, bytearray)) else ""
+        raise TypeError(f"text to encode must be a str, not {type(text).__name__}{hint}")
+
+
+def _id_list(ids: Iterable[int]) -> list[int] | tuple[int, ...]:
+    """Token ids as a list of Python ints where they come as a numpy array (whose items would
+    be numpy scalars of 30-odd bytes each)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.dtype == bool):
+            raise TypeError(f"token ids must be a 1-D array of integers, not {ids.ndim}-D "
+                            f"{ids.dtype}")
+        return ids.tolist()
+    return ids if isinstance(ids, (list, tuple)) else list(ids)
+
+
+def _int_id(i: object) -> int:
+    try:
+        return operator.index(i)  # ints, numpy ints, bools; never a float that looks whole
+    except TypeError:
+        raise TypeError(f"token ids must be integers, got {i!r}") from None
+
+
+def _non_int(ids: Sequence[object]) -> object:
+    return next((i for i in ids if not hasattr(i, "__index__")), ids[0])
+
+
 class Tokenizer:
     def __init__(self, base: BaseVocab, merges: list[Merge], special_tokens: list[str],
                  spec: PretokenizerSpec):
@@ -437,6 +466,7 @@ class Tokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode, treating special-token strings as ordinary text (tiktoken's
         ``encode_ordinary``)."""
+        _check_text(text)
         out: list[int] = []
         try:
             self._encode_chunk(text, out)
@@ -462,6 +492,7 @@ class Tokenizer:
                disallowed_special: Collection[str] | str = "all") -> list[int]:
         """Encode with tiktoken's special-token semantics: an allowed special token becomes its
         id; a disallowed one in the text raises :class:`EncodeError`; any other is text."""
+        _check_text(text)
         try:
             return self._encode(text, allowed_special, disallowed_special)
         except UnicodeEncodeError:  # (rare: only then is the text scanned for surrogates)
@@ -502,17 +533,24 @@ class Tokenizer:
         return self._join(ids, self.vocab)
 
     def _join(self, ids: Iterable[int], vocab: list[bytes]) -> bytes:
-        ids = ids if isinstance(ids, (list, tuple)) else list(ids)
+        ids = _id_list(ids)
         n = len(vocab)
-        if ids and (min(ids) < 0 or max(ids) >= n):  # special tokens, or an id out of range
-            ids = [self._special_bytes(i) if not 0 <= i < n else vocab[i] for i in ids]
-            get = None
-        else:
+        try:
+            plain = not ids or (min(ids) >= 0 and max(ids) < n)
+        except TypeError:
+            raise TypeError(f"token ids must be integers, got {_non_int(ids)!r}") from None
+        if plain:  # no special token, no id out of range: the joins run in C
             get = vocab.__getitem__
+        else:
+            ids = [vocab[i] if 0 <= i < n else self._special_bytes(i) for i in map(_int_id, ids)]
+            get = None
         # in slices: bytes.join keeps an 80-byte buffer per part (1.6 GB for 20 M ids at once)
         step = JOIN_STEP
-        return b"".join([b"".join(map(get, ids[k:k + step]) if get else ids[k:k + step])
-                         for k in range(0, len(ids), step)])
+        try:
+            return b"".join([b"".join(map(get, ids[k:k + step]) if get else ids[k:k + step])
+                             for k in range(0, len(ids), step)])
+        except TypeError:  # a float among the ids (min and max took it)
+            raise TypeError(f"token ids must be integers, got {_non_int(ids)!r}") from None
 
     def _special_bytes(self, i: int) -> bytes:
         b = self.special_by_id.get(i)

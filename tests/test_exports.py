@@ -11,6 +11,7 @@ import json
 import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import regex
@@ -309,6 +310,29 @@ def test_decode_rejects_out_of_range_ids(small_run: Loaded):
     for bad in (ours.n_vocab, -1, 10**9):
         with pytest.raises(EncodeError, match=rf"token id {bad} is out of range.*0\.\.299"):
             ours.decode([104, bad])
+
+
+def test_encode_and_decode_refuse_what_is_not_text_or_ids(small_run: Loaded):
+    """As tiktoken: a TypeError for a text that is not a str (a null row used to encode to no
+    ids at all) and for ids that are not integers (a float 299.0 used to decode as the special
+    token 299); numpy arrays of ids decode as their lists do."""
+    ours = small_run.ours
+    for text in (None, 5, b"bytes"):
+        for encode in (ours.encode, ours.encode_ordinary):
+            with pytest.raises(TypeError, match="text to encode must be a str"):
+                encode(text)
+    with pytest.raises(TypeError):
+        ours.encode_batch(["fine", None])
+    for ids in ([299.0], [104, 1.0], [104.0], ["1"], [104, np.float64(299)]):
+        with pytest.raises(TypeError, match="token ids must be integers"):
+            ours.decode(ids)
+    ids = ours.encode("hi " + FIM, allowed_special="all")
+    for same in (np.array(ids), np.array(ids, np.int32), tuple(ids), iter(ids),
+                 [np.int64(i) for i in ids]):
+        assert ours.decode(same) == "hi " + FIM
+    for bad in (np.array([ids]), np.array(ids, float)):
+        with pytest.raises(TypeError, match="1-D array of integers"):
+            ours.decode(bad)
 
 
 def test_documented_tiktoken_recipe(small_run: Loaded):

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -305,6 +306,13 @@ def test_decoding_millions_of_ids_takes_little_memory_beyond_its_text(run_dir: P
     assert peak < 20_000_000, f"decode of 2 M ids peaked at {peak / 1e6:.0f} MB"
     eot = ref.special_ids[EOT]
     assert ref.decode(iter([*ids[:3], eot, *ids[:2]])) == "aaa" + EOT + "aa"
+    tracemalloc.start()  # a numpy array: its list of ints (8 bytes an id), not 30-byte scalars
+    try:
+        assert ref.decode(np.array(ids)) == text
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40_000_000, f"decode of a 2 M-id array peaked at {peak / 1e6:.0f} MB"
     assert ref.decode([]) == "" and ref.decode_bytes(()) == b""
 
 
