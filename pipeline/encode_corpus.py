@@ -304,13 +304,14 @@ def _long_run(text: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _unknown_or_astral() -> re.Pattern:
-    """A BMP character unassigned in Python's Unicode database, or any character above the
-    BMP (a bitmap and one range for ``re``, one C-level scan of the row; built once per
-    process from 64 K lookups)."""
+    """A BMP character unassigned in Python's Unicode database, a surrogate escape
+    (U+DC80..U+DCFF: an invalid UTF-8 byte), or any character above the BMP (a bitmap and
+    one range for ``re``, one C-level scan of the row; built once per process from 64 K
+    lookups)."""
     ranges, start = [], None
     for cp in range(0x10001):
-        unknown = cp < 0x10000 and not 0xD800 <= cp <= 0xDFFF \
-            and unicodedata.category(chr(cp)) == "Cn"
+        unknown = cp < 0x10000 and (0xDC80 <= cp <= 0xDCFF or not 0xD800 <= cp <= 0xDFFF
+                                    and unicodedata.category(chr(cp)) == "Cn")
         if unknown and start is None:
             start = cp
         elif not unknown and start is not None:
@@ -319,12 +320,14 @@ def _unknown_or_astral() -> re.Pattern:
     return re.compile("[" + "".join(ranges) + "\\U00010000-\\U0010ffff]")
 
 
-def _newer_character(text: str) -> str:
-    """A character of ``text`` that Python's Unicode database (14.0 on Python 3.11) does not
-    know, or ''. The ``regex`` package (our split, at training too) and tiktoken's regex
-    engine each ship their own Unicode version, so such a character may be a letter to one and
-    unassigned to the other, and the text around it split otherwise: those rows go to the
-    reference encoder, which splits as training did."""
+def _reference_only_character(text: str) -> str:
+    """A character of ``text`` that only the reference encoder takes as training did, or ''.
+    Either Python's Unicode database (14.0 on Python 3.11) does not know it: the ``regex``
+    package (our split, at training too) and tiktoken's regex engine each ship their own
+    Unicode version, so such a character may be a letter to one and unassigned to the other,
+    and the text around it split otherwise. Or it is a surrogate escape (U+DC80..U+DCFF),
+    which stands for the invalid UTF-8 byte it escapes where tiktoken would make it U+FFFD
+    (the job gives such rows as bytes; a caller of :meth:`BatchEncoder.encode` may not)."""
     for ch in set(_unknown_or_astral().findall(text)):  # (emoji repeat: each looked up once)
         if ord(ch) < 0x10000 or unicodedata.category(ch) == "Cn":
             return ch
@@ -348,11 +351,12 @@ class BatchEncoder:
     """Executor side: encodes texts with the plan's engine and the special-token policy.
 
     With the tiktoken engine, a row tiktoken cannot take (see ``TIKTOKEN_MAX_RUN``,
-    ``TIKTOKEN_MAX_PIECE``; or tiktoken raises or panics on it), or may split otherwise (a
-    character newer than Python's Unicode database: :func:`_newer_character`) is encoded by
-    the reference encoder instead, which gives the same ids in O(n log n) for any row. For the
-    last row :meth:`encode` saw, ``via_reference`` says why ("" when tiktoken took it all) and
-    ``tiktoken_error`` what tiktoken raised, if it did."""
+    ``TIKTOKEN_MAX_PIECE``; or tiktoken raises or panics on it), or may split or repair
+    otherwise (a character newer than Python's Unicode database, a surrogate escape:
+    :func:`_reference_only_character`) is encoded by the reference encoder instead, which
+    gives the same ids in O(n log n) for any row. For the last row :meth:`encode` saw,
+    ``via_reference`` says why ("" when tiktoken took it all) and ``tiktoken_error`` what
+    tiktoken raised, if it did."""
 
     def __init__(self, plan: EncodePlan):
         self.plan = plan
@@ -385,10 +389,12 @@ class BatchEncoder:
         run = _long_run(prepared) if len(prepared) >= _RUN_BLOCK else ""
         if run:
             return run
-        newer = "" if prepared.isascii() else _newer_character(prepared)
-        if newer:
+        odd = "" if prepared.isascii() else _reference_only_character(prepared)
+        if "\udc80" <= odd <= "\udcff":
+            return f"an invalid UTF-8 byte (its surrogate escape U+{ord(odd):04X})"
+        if odd:
             return f"a character newer than Unicode {unicodedata.unidata_version} " \
-                   f"(U+{ord(newer):04X}: the split engines may disagree on it)"
+                   f"(U+{ord(odd):04X}: the split engines may disagree on it)"
         if (self.piece_split is not None and len(prepared) > TIKTOKEN_MAX_PIECE
                 and max(map(len, self.piece_split.split_chunks((prepared,))), default=0)
                 > TIKTOKEN_MAX_PIECE):

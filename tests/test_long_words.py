@@ -264,6 +264,23 @@ def test_rows_with_a_character_newer_than_pythons_unicode_go_to_the_reference(ru
     assert "U+323B0" in enc.via_reference
 
 
+def test_rows_with_surrogate_escapes_go_to_the_reference(run_dir: Path):
+    """A str row holding U+DC80..U+DCFF (the surrogate escape of an invalid UTF-8 byte, as
+    decode_row makes them) encodes those bytes, as the reference does: tiktoken would make
+    each U+FFFD (3 ids where the reference gives 1). Other lone surrogates stay with
+    tiktoken, which repairs them as the reference does."""
+    enc = batch_encoder(run_dir)
+    ref = Tokenizer.load(str(run_dir))
+    for text, to_ref in (("x\udc80y", True), ("\udcff\udc80", True), ("caf\u00e9 \udcc3", True),
+                         ("a\ud800b", False), ("lone \udc00 low", False)):
+        got, _ = enc.encode(text)
+        assert got == ref.encode(text), repr(text)
+        assert bool(enc.via_reference) == to_ref, (text, enc.via_reference)
+    assert ref.decode_bytes(enc.encode("x\udc80y")[0]) == b"x\x80y"
+    enc.encode("\udcff")
+    assert "U+DCFF" in enc.via_reference and "invalid UTF-8" in enc.via_reference
+
+
 def test_long_run_probe():
     """_long_run finds every run of TIKTOKEN_MAX_RUN whitespace characters or of one
     character, wherever it starts, and never one shorter than half that."""
