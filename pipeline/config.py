@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import fnmatch
 import json
-import math
 import numbers
 import os
 import sys
@@ -218,8 +217,12 @@ class Config:
         def fix(path: str) -> str:
             return os.path.abspath(path) if path and not scheme(path) else path
 
+        def fix_source(path: str) -> str:  # a comma would make two sources of it: kept as is
+            fixed = fix(path)
+            return path if "," in fixed and "," not in path else fixed
+
         copy = dataclasses.replace(self)
-        copy.input = ",".join(fix(p) for p in self.input_items())  # (an empty one stays)
+        copy.input = ",".join(map(fix_source, self.input_items()))  # (an empty one stays)
         for key in PATH_KEYS:
             setattr(copy, key, fix(getattr(self, key)))
         return copy
@@ -320,8 +323,8 @@ def _coerce(name: str, kind: str, value: Any) -> Any:
                 return [_int(v.strip() if isinstance(v, str) else v) for v in items]
             raise ValueError(value)
         if kind == "list[str]":
-            if isinstance(value, str):
-                return value.split(",") if value else []  # (an empty item is an error)
+            if isinstance(value, str):  # (an empty item is an error; "a, b" is a and b)
+                return [v.strip() or v for v in value.split(",")] if value else []
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 return list(value)
             raise ValueError(value)
@@ -413,6 +416,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
+MIN_SECONDS, MAX_SECONDS = 0.01, 1e7  # the durations' range (1e7 s: about 116 days)
+JAVA_INT_MAX = 2**31 - 1
 PATH_KEYS = ("words", "output", "tokenizer", "checkpoint_dir", "report_sample",
              "progress_file")  # the local paths among the keys, besides input's sources
 SAMPLE_RUN_NOTE = "the sample run's, conf/default.toml"
@@ -612,6 +617,9 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
         _need(not isinstance(value, str) or "\0" not in value,
               f"config key '{f.name}' holds a NUL character (\\0), which no path or name "
               "may hold")
+        _need(not isinstance(value, str) or not value or value.strip()
+              or f.name in ("pattern", "end_of_word_suffix"),  # (pattern: checked below)
+              f"config key '{f.name}' is only whitespace ({value!r})")
     _check_sources(cfg, job, frame)
     if job in (COUNT, TRAIN) and cfg.count_reader == "arrow" and not cfg.words:
         read_by_spark = ("a DataFrame" if frame else
@@ -626,7 +634,11 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     if job == TRAIN:
         _check_merges_wanted(cfg)
     if job == ENCODE:
-        _need(all(cfg.key_columns), "config key 'key_columns' has an empty column name")
+        _need(all(c.strip() for c in cfg.key_columns),
+              "config key 'key_columns' has an empty column name")
+        _need(cfg.text_column not in cfg.key_columns,
+              f"config key 'key_columns': {cfg.text_column!r} is the text column (its ids are "
+              "written instead)")
     if job == ENCODE and cfg.num_partitions and cfg.input_format == "text" \
             and not (cfg.input_table or frame):  # (other formats: known once read)
         raise unnumbered_repartition("text")
@@ -787,6 +799,8 @@ def _check_split(cfg: Config) -> None:
     _need(not cfg.end_of_word_suffix or cfg.alphabet == "chars",
           "config key 'end_of_word_suffix' needs alphabet = 'chars'")
     _need(all(cfg.special_tokens), "config key 'special_tokens' has an empty token")
+    _need(all(t.strip() for t in cfg.special_tokens), "config key 'special_tokens' has a token "
+          "of whitespace only (it would cut every such run out of the text)")
     _need(len(set(cfg.special_tokens)) == len(cfg.special_tokens),
           "config key 'special_tokens' has duplicates")
     _check_special_tokens(cfg)
@@ -808,7 +822,12 @@ def _check_numbers(cfg: Config) -> None:
     _need(cfg.checkpoint_every_merges >= 1,
           "config key 'checkpoint_every_merges' must be >= 1")
     for key in ("checkpoint_every_seconds", "lease_timeout_seconds", "heartbeat_seconds"):
-        _need(0 < getattr(cfg, key) < math.inf, f"config key '{key}' must be a number > 0")
+        _need(MIN_SECONDS <= getattr(cfg, key) <= MAX_SECONDS,  # (a thread's wait past the
+              f"config key '{key}' must be a number of seconds from {MIN_SECONDS} to "
+              f"{MAX_SECONDS:.0e}")  # top overflows; near 0 it spins)
+    for key in ("shuffle_partitions", "num_partitions", "report_sample_rows"):
+        _need(getattr(cfg, key) <= JAVA_INT_MAX,  # (Spark takes them as a Java int)
+              f"config key '{key}' must be at most {JAVA_INT_MAX}")
 
 
 def _check_merges_wanted(cfg: Config) -> None:

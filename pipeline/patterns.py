@@ -127,9 +127,17 @@ _PATTERN_PROBES = ("", "a", " ", "ab cd", "Hello, world! 123\n\n  x\ty", "日本
 
 
 def check_pattern(pattern: str) -> None:
-    """Raise :class:`PatternError` for a pattern that does not compile, or that matches the
+    """Raise :class:`PatternError` for a pattern that does not compile, that matches the
     empty string (every word must hold at least one character: a zero-length match would be
-    a word with no token)."""
+    a word with no token), that is a pattern's name but for its case or spaces (``CL100K``,
+    ``"gpt2 "``: as a regex it would match only those letters), or that matches no letter of
+    the probe texts (the text outside the matches is dropped, so that would train on next to
+    nothing)."""
+    near = pattern.strip().lower()
+    if pattern not in PATTERNS and pattern != NO_SPLIT and (near in PATTERNS or near == NO_SPLIT):
+        raise PatternError(f"pattern {pattern!r} is not a name (the names are {near!r} and the "
+                           f"others in lowercase, without spaces); as a regex it would match "
+                           f"only itself")
     compiled = compile_pattern(pattern)
     if compiled is None:
         return
@@ -140,6 +148,12 @@ def check_pattern(pattern: str) -> None:
                     f"pattern {pattern!r} matches the empty string (at {m.start()} in "
                     f"{probe!r}); every match must hold at least one character (+ rather "
                     "than *, no match made of \\b or lookarounds alone)")
+    letters = sum(c.isalpha() for probe in _PATTERN_PROBES
+                  for m in compiled.finditer(probe) for c in m.group())
+    if not letters:
+        raise PatternError(f"pattern {pattern!r} matches no letter of {_PATTERN_PROBES[-2:]!r}: "
+                           "a word is what the pattern matches and the text between matches "
+                           "is dropped, so it would train on next to nothing")
 
 
 # -- split patterns for Oniguruma (Hugging Face tokenizers) ---------------------------------------

@@ -935,6 +935,24 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
     (["--pattern", r"\b"], "matches the empty string (at 0 in 'a')"),
     (["--pattern", r"(?=\w)|\w+"], "matches the empty string"),
     (["--max-word-bytes", "-1"], "config key 'max_word_bytes' must be >= 0"),
+    # a name in another case or with a space was a regex matching only itself: next to no
+    # words, the rest of the corpus dropped in silence (found by review)
+    (["--pattern", "CL100K"], "config key 'pattern': pattern 'CL100K' is not a name"),
+    (["--pattern", "gpt2 "], "pattern 'gpt2 ' is not a name (the names are 'gpt2'"),
+    (["--pattern", "None"], "pattern 'None' is not a name"),
+    (["--pattern", " "], "pattern ' ' matches no letter of"),
+    (["--pattern", r"\w+|[^\w\s]+"], None),  # (whitespace dropped: a choice, not an accident)
+    # a thread's wait overflows past ~1e10 s (the lease was never renewed), spins near 0
+    (["--heartbeat-seconds", "4e10"], "config key 'heartbeat_seconds' must be a number of "
+                                      "seconds from 0.01 to 1e+07"),
+    (["--lease-timeout-seconds", "1e-300"], "config key 'lease_timeout_seconds' must be"),
+    (["--checkpoint-every-seconds", "nan"], "config key 'checkpoint_every_seconds' must be"),
+    (["--shuffle-partitions", "99999999999999999999"],  # (a Java int in Spark)
+     "config key 'shuffle_partitions' must be at most 2147483647"),
+    (["--num-partitions", "3000000000"], "config key 'num_partitions' must be at most"),
+    (["--special-tokens", " "], "config key 'special_tokens' has a token of whitespace only"),
+    (["--text-column", " "], "config key 'text_column' is only whitespace (' ')"),
+    (["--checkpoint-dir", " "], "config key 'checkpoint_dir' is only whitespace"),
     (["--vocab-size", "nope"], "config key 'vocab_size': expected int"),
 ])
 def test_bad_settings_are_one_config_error(tmp_path, args, message):
@@ -945,6 +963,34 @@ def test_bad_settings_are_one_config_error(tmp_path, args, message):
         return
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(resolve(argv), "train")
+
+
+def test_comma_lists_on_the_command_line_take_no_spaces_around_their_items(tmp_path):
+    """``--special-tokens '<|a|>, <|b|>'`` made the token ' <|b|>' (found by review)."""
+    argv = ["--input", str(SAMPLE), "--output", str(tmp_path / "o"), "--vocab-size", "300",
+            "--special-tokens", "<|endoftext|>, <|pad|>"]
+    assert validate(resolve(argv), "train").special_tokens == ["<|endoftext|>", "<|pad|>"]
+    enc = ["--tokenizer", str(tmp_path), "--input", str(SAMPLE), "--output", str(tmp_path / "e")]
+    assert resolve([*enc, "--key-columns", "id, lang"], job="encode").key_columns == \
+        ["id", "lang"]
+    with pytest.raises(ConfigError, match="'text' is the text column"):
+        validate(resolve([*enc, "--key-columns", "text"], job="encode"), "encode")
+
+
+def test_a_saved_config_loads_back_in_a_directory_whose_name_has_a_comma(tmp_path,
+                                                                      monkeypatch):
+    """Made absolute, a relative source under ``/x/a,b`` became two sources on loading back
+    (the Python API failed there: "path does not exist: /x/a"); it stays relative instead."""
+    import shutil
+
+    where = tmp_path / "a,b"
+    shutil.copytree(SAMPLE, where / "sample")
+    monkeypatch.chdir(where)
+    cfg = validate(resolve(["--input", "sample", "--output", "o", "--vocab-size", "300"]),
+                   "train")
+    saved = json.loads(cfg.to_json("train"))
+    assert saved["input"] == "sample" and saved["output"] == str(where / "o")
+    assert validate(Config(**saved), "train").inputs == ["sample"]
 
 
 _SETTING_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)

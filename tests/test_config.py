@@ -335,7 +335,8 @@ def test_a_float_or_boolean_for_an_integer_key_is_refused_not_truncated(tmp_path
     (["--max-token-bytes", "1"], "config key 'max_token_bytes' must be 0 (no limit) or >= 2"),
     (["--shuffle-partitions", "-3"], "config key 'shuffle_partitions' must be >= 0"),
     (["--report-sample-rows", "-3"], "config key 'report_sample_rows' must be >= 0"),
-    (["--heartbeat-seconds", "inf"], "config key 'heartbeat_seconds' must be a number > 0"),
+    (["--heartbeat-seconds", "inf"],
+     "config key 'heartbeat_seconds' must be a number of seconds from 0.01"),
     (["--lease-timeout-seconds", "nan"], "config key 'lease_timeout_seconds' must be a number"),
 ])
 def test_out_of_range_values_are_one_config_error(argv, message):
