@@ -843,3 +843,10 @@ def _check_merges_wanted(cfg: Config) -> None:
         _need(cfg.vocab_size > floor,
               f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: it must be more "
               f"than 256 bytes + {len(cfg.special_tokens)} special tokens = {floor}")
+    if cfg.vocab_size and cfg.alphabet == "chars":  # (its characters: known once counted)
+        suffix = int(bool(cfg.end_of_word_suffix))
+        floor = 1 + suffix + len(cfg.special_tokens)
+        _need(cfg.vocab_size > floor,
+              f"config key 'vocab_size' = {cfg.vocab_size} leaves no merges: it must be more "
+              f"than 1 character{' + 1 suffix' * suffix} + {len(cfg.special_tokens)} special "
+              f"tokens = {floor}")

@@ -929,6 +929,8 @@ def test_any_text_or_bytes_count_train_encode_and_decode_back(spark, tmp_path_fa
     (["--special-tokens", "<|a|>,e"], "config key 'special_tokens': 'e' is also the token of "
                                       "a byte"),
     (["--special-tokens", "e", "--alphabet", "chars"], None),
+    (["--alphabet", "chars", "--vocab-size", "2"], "config key 'vocab_size' = 2 leaves no "
+     "merges: it must be more than 1 character + 1 special tokens = 2"),  # (before counting)
     (["--pattern", "(?P<x"], "config key 'pattern': pattern '(?P<x' does not compile"),
     (["--pattern", "[a-"], "does not compile"),
     (["--pattern", "x*"], "config key 'pattern': pattern 'x*' matches the empty string"),
