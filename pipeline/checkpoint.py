@@ -137,6 +137,8 @@ def parse(text: str, base_size: int | None
     ``base_size`` None: the header and checksum only (no merges returned)."""
     head, rows = _split(text)
     settings = json.loads(head["settings"]) if "settings" in head else None
+    if settings is not None and not isinstance(settings, dict):
+        raise ValueError("its settings line is not a JSON object")
     if base_size is None:
         return head["fingerprint"], settings, [], []
     merges, removed = [], []
@@ -167,6 +169,9 @@ def _split(text: str) -> tuple[dict[str, str], list[str]]:
     if hashlib.sha256(body.encode()).hexdigest() != lines[-1].split(" ", 1)[1].strip():
         raise ValueError("checksum mismatch")
     if lines[0] not in {f"{HEADER} v{v}" for v in READABLE}:
+        newer = re.fullmatch(re.escape(HEADER) + r" v(\d+)", lines[0])
+        if newer and int(newer.group(1)) > VERSION:
+            raise NewerFormat(int(newer.group(1)))
         raise ValueError(f"unknown format {lines[0]!r}")
     head: dict[str, str] = {}
     i = 1
@@ -181,6 +186,17 @@ def _split(text: str) -> tuple[dict[str, str], list[str]]:
     if len(rows) != n:
         raise ValueError(f"header says {n} merges, file has {len(rows)}")
     return head, rows
+
+
+class NewerFormat(ValueError):
+    """A sound checkpoint of a format newer than this build reads."""
+
+    def __init__(self, version: int):
+        super().__init__(f"format v{version}")
+        self.version = version
+
+
+UNREADABLE = (ValueError, IndexError, IsADirectoryError)  # a damaged or odd file: skipped
 
 
 class Checkpointer:
@@ -226,7 +242,7 @@ class Checkpointer:
             try:
                 text = fsutil.read_text(self.spark, path)
                 return parse(text, None)[1], run_of(text)
-            except (ValueError, IndexError):
+            except UNREADABLE:
                 continue
         return None, ""
 
@@ -242,13 +258,19 @@ class Checkpointer:
         foreign merges). ``legacy_digest``: this table's digest as an older spark-bpe computed
         it; a checkpoint that differs only in recording that digest is this run's (it
         resumes)."""
-        for _, path in reversed(self._files()):
+        for number, path in reversed(self._files()):
             try:
                 # the settings first: merges of another base vocabulary (another alphabet)
                 # must be refused as foreign, not taken for a damaged file
                 text = fsutil.read_text(self.spark, path)
                 fp, settings, _, _ = parse(text, None)
-            except (ValueError, IndexError) as exc:
+            except NewerFormat as exc:
+                raise ConfigError(
+                    f"checkpoint {path} was written by a newer spark-bpe ({exc}; this one "
+                    f"reads up to v{VERSION}): resume with that version, or start fresh with "
+                    "--resume never (resume='never' in pipeline.api; deletes these "
+                    "checkpoints)") from None
+            except UNREADABLE as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
                 continue
             if (fp != self.fp and legacy_digest is not None
@@ -276,7 +298,9 @@ class Checkpointer:
                 )
             try:
                 _, _, merges, removed = parse(text, self.base_size)
-            except (ValueError, IndexError) as exc:
+                if len(merges) != number:
+                    raise ValueError(f"its name says {number} merges, it holds {len(merges)}")
+            except UNREADABLE as exc:
                 log.warning("checkpoint %s is corrupt (%s); trying the previous one", path, exc)
                 continue
             log.info("resuming from checkpoint %s (%d merges)", path, len(merges))
@@ -298,7 +322,9 @@ class Checkpointer:
                           render(merges, removed, self.fp, self.settings, self._rows, self.run))
         self._last = merges[-1] if merges else None
         self.last_written = len(merges)
-        for _, old in self._files()[:-KEEP]:
+        # the KEEP newest up to this one; a higher-numbered file is one load() skipped (it is
+        # damaged): deleting this run's own new ones for it would leave nothing to resume from
+        for _, old in [f for f in self._files() if f[0] <= len(merges)][:-KEEP]:
             fsutil.delete(self.spark, old)
 
     def clear(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -88,36 +89,53 @@ class Lease:
                            "timeout": self.timeout}, indent=1)
 
     def _read(self) -> dict | None:
+        """The holder's record; None when the file is not there or cannot be read as one (not
+        JSON, or JSON of another shape: it then counts as unreadable, taken over once old)."""
         try:
-            return json.loads(fsutil.read_text(self.spark, self.path))
+            holder = json.loads(fsutil.read_text(self.spark, self.path))
         except (OSError, ValueError):
             return None
         except Exception:  # noqa: BLE001 - a Hadoop FileNotFoundException through py4j
             return None
+        return holder if _well_formed(holder) else None
 
     def _gone(self, holder: dict) -> str:
         """Why the holder is gone ('' if it may be alive)."""
-        age = _now() - float(holder.get("renewed", 0))
+        age = _now() - holder["renewed"]
         if age > self.timeout:
             return f"its last renewal was {age:,.0f} s ago (lease_timeout_seconds = " \
                    f"{self.timeout:g})"
-        if self._same_pid_space(holder) and not _process_exists(int(holder["pid"])):
+        if age < -self.timeout:  # its host's clock is ahead: the file's own age decides
+            still = self._file_age()
+            if still is not None and still[1] > self.timeout:
+                return (f"its last renewal is stamped {-age:,.0f} s ahead of this host's "
+                        f"clock and its file has not changed for {still[1]:,.0f} s "
+                        f"(lease_timeout_seconds = {self.timeout:g})")
+        if holder.get("pid") and self._same_pid_space(holder) \
+                and not _process_exists(holder["pid"]):
             return "its process no longer exists"
         return ""
+
+    def _file_age(self) -> tuple[int, float] | None:
+        """(size, seconds since the lease file last changed), by the storage's clock; None if
+        it is not there."""
+        try:
+            size, mtime = fsutil.file_status(self.spark, self.path)
+        except Exception:  # noqa: BLE001 - removed meanwhile: look again
+            return None
+        return size, _now() - (mtime / 1e9 if fsutil.is_local(self.path) else mtime / 1e3)
 
     def _unreadable_and_old(self) -> str:
         """Why a lease file that cannot be read counts as gone: not changed for ``timeout``
         seconds (a writer that died between creating and writing it; a live holder rewrites
         it every ``timeout / 4``); '' while it may still be being written, or is not there."""
-        try:
-            size, mtime = fsutil.file_status(self.spark, self.path)
-        except Exception:  # noqa: BLE001 - removed meanwhile: look again
+        status = self._file_age()
+        if status is None or status[1] <= self.timeout:
             return ""
-        age = _now() - (mtime / 1e9 if fsutil.is_local(self.path) else mtime / 1e3)
-        if age <= self.timeout:
-            return ""
-        return (f"its file cannot be read ({size} bytes, empty or not JSON) and has not "
-                f"changed for {age:,.0f} s (lease_timeout_seconds = {self.timeout:g})")
+        size, age = status
+        return (f"its file cannot be read ({size} bytes, empty, not JSON or not a lease "
+                f"record) and has not changed for {age:,.0f} s (lease_timeout_seconds = "
+                f"{self.timeout:g})")
 
     def _same_pid_space(self, holder: dict) -> bool:
         """Whether the holder's pid can be looked up here: the same host name is not enough
@@ -129,9 +147,11 @@ class Lease:
                    if k in ("pid_ns", "boot_id") and v is not None)
 
     def _refusal(self, holder: dict, what: str) -> str:
+        age = _now() - holder["renewed"]
+        seen = (f"last seen {age:,.0f} s ago" if age >= 0 else
+                f"last renewed by a clock {-age:,.0f} s ahead of this host's")
         return (f"{what} is in use by another {self.purpose} (host {holder.get('host')}, "
-                f"pid {holder.get('pid')}, started {holder.get('started')}, last seen "
-                f"{_now() - float(holder.get('renewed', 0)):,.0f} s ago)")
+                f"pid {holder.get('pid')}, started {holder.get('started')}, {seen})")
 
     def _refuse_inside_a_live_run(self) -> None:
         """Refuse when a directory enclosing ``held`` is leased by another live process (a
@@ -278,6 +298,20 @@ class Lease:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _well_formed(holder: object) -> bool:
+    """A lease record: a JSON object whose renewal time is a finite number, whose pid, if
+    any, an integer, and whose timeout, if any, a number > 0 (what ``_gone`` and ``_refusal``
+    read)."""
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not isinstance(holder, dict):
+        return False
+    pid, timeout = holder.get("pid", 0), holder.get("timeout", 1)
+    return (number(holder.get("renewed")) and isinstance(pid, int) and not isinstance(pid, bool)
+            and number(timeout) and timeout > 0)
 
 
 def _pid_space() -> dict[str, str | None]:

@@ -76,9 +76,13 @@ def run_summary(run_dir: str, spark: SparkSession) -> dict | None:
     if not fsutil.exists(spark, path):
         return None
     try:
-        return json.loads(fsutil.read_text(spark, path))
+        summary = json.loads(fsutil.read_text(spark, path))
     except ValueError:
+        summary = None
+    if not isinstance(summary, dict):  # (damaged: the run is not complete; trained again)
+        log.warning("%s cannot be read as a run summary: the run counts as incomplete", path)
         return None
+    return summary
 
 
 def tokenizer_name(cfg: Config) -> str:

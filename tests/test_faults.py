@@ -77,6 +77,76 @@ def _merges(n: int) -> list[Merge]:
     return [Merge(97 + i % 5, 98, 256 + i, 100 - i) for i in range(n)]
 
 
+def _sealed(text: str) -> str:
+    """A checkpoint text with its checksum line made right again (an edit that is not
+    damage: a newer writer, or a bug of ours, not a torn write)."""
+    import hashlib
+
+    body = text[: text.rindex("#sha256 ")]
+    return body + f"#sha256 {hashlib.sha256(body.encode()).hexdigest()}\n"
+
+
+def test_odd_checkpoints_are_refused_or_skipped_never_taken_or_a_traceback(tmp_path, caplog):
+    """Found by review: a sound checkpoint of a newer format was called corrupt and the run
+    trained afresh; three damaged newest files made every new checkpoint be deleted as it
+    was written (retention kept the highest numbers); a file whose name and merge count
+    disagree was taken; a directory with a checkpoint's name, or a settings line that is
+    not an object, raised a raw Python error."""
+    caplog.set_level(logging.WARNING, logger="pipeline.checkpoint")
+    settings = {"min_pair_count": 2, "word_table": {"digest": "abc"}}
+    fp = fingerprint_of(settings)
+    text = render(_merges(30), list(range(30)), fp, settings)
+
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "merges-000000030.txt").write_text(_sealed(text.replace(" v2\n", " v3\n", 1)))
+    with pytest.raises(ConfigError, match=r"written by a newer spark-bpe \(format v3; this "
+                                          r"one reads up to v2\).*--resume never"):
+        Checkpointer(None, str(newer), fp, 256, settings).load()
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for n in (70, 80, 90):
+        (damaged / f"merges-{n:09d}.txt").write_text("torn")
+    ck = Checkpointer(None, str(damaged), fp, 256, settings)
+    assert ck.load() is None
+    for n in (10, 20, 30, 40):
+        ck.save(_merges(n), list(range(n)))
+    assert checkpoints(damaged) == [20, 30, 40, 70, 80, 90]  # this run's newest three kept
+    assert Checkpointer(None, str(damaged), fp, 256, settings).load() == \
+        (_merges(40), list(range(40)))
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "merges-000000005.txt").write_text(render(_merges(5), list(range(5)), fp, settings))
+    (odd / "merges-000000009.txt").write_text(render(_merges(3), list(range(3)), fp, settings))
+    (odd / "merges-000000012.txt").mkdir()
+    (odd / "merges-000000015.txt").write_text(_sealed(text.replace(
+        "#settings " + json.dumps(settings, sort_keys=True), "#settings [1]")))
+    assert "#settings [1]" in (odd / "merges-000000015.txt").read_text()
+    ck = Checkpointer(None, str(odd), fp, 256, settings)
+    assert ck.newest_settings()[0] == settings  # (from the 9: sound, only misnamed)
+    assert ck.load() == (_merges(5), list(range(5)))
+    assert "merges-000000015.txt is corrupt (its settings line is not a JSON object)" \
+        in caplog.text
+    assert "merges-000000012.txt is corrupt" in caplog.text
+    assert "merges-000000009.txt is corrupt (its name says 9 merges, it holds 3)" in caplog.text
+
+
+def test_a_run_json_of_another_shape_is_an_incomplete_run(tmp_path, caplog):
+    """``[1]`` in run.json was returned as the run's summary and the rerun's check of it
+    raised AttributeError; not JSON at all was ignored without a word."""
+    from pipeline.run_dir import run_summary
+
+    caplog.set_level(logging.WARNING, logger="pipeline.run_dir")
+    for text in ("[1]", "not json", '"x"'):
+        (tmp_path / "run.json").write_text(text)
+        assert run_summary(str(tmp_path), None) is None
+    assert caplog.text.count("cannot be read as a run summary") == 3
+    (tmp_path / "run.json").write_text('{"merges": 3}')
+    assert run_summary(str(tmp_path), None) == {"merges": 3}
+
+
 def test_checkpoints_are_checksummed_text_and_fall_back_when_corrupt(tmp_path, caplog):
     settings = {"min_pair_count": 2, "word_table": {"digest": "abc"}}
     fp = fingerprint_of(settings)

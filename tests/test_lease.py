@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -505,6 +506,40 @@ def test_a_lease_file_left_unreadable_is_taken_over_after_the_timeout(tmp_path, 
         assert "its file cannot be read (0 bytes" in caplog.text
     finally:
         taken.release()
+
+
+@pytest.mark.parametrize("record", [[], "x", {"renewed": "abc"}, {"renewed": None},
+                                    {"renewed": float("nan"), "host": "other", "pid": 1},
+                                    {"renewed": 1.0e12, "pid": "x"}, {"host": "h"},
+                                    {"renewed": 1.0e9, "pid": 1, "timeout": "60"}])
+def test_a_lease_file_of_another_shape_counts_as_unreadable(tmp_path, record):
+    """JSON that is not a lease record raised AttributeError, KeyError, ValueError or
+    TypeError (in the renewal thread too, which then died without a word): it is unreadable,
+    refused while fresh, taken over once unchanged for the timeout (found by review)."""
+    lease_file = tmp_path / NAME
+    lease_file.write_text(json.dumps(record))
+    with pytest.raises(LeaseHeld, match=r"cannot be read"):
+        Lease(None, str(tmp_path), timeout=60).acquire()
+    old = lease_file.stat().st_mtime - 61
+    os.utime(lease_file, (old, old))
+    Lease(None, str(tmp_path), timeout=60).acquire().release()
+
+
+def test_a_lease_stamped_ahead_by_another_host_s_clock_is_judged_by_its_file(tmp_path,
+                                                                           caplog):
+    """A renewal time in the future (another host's clock far ahead) was never out of date:
+    the directory was held for good ("last seen -1,000,000,000 s ago"). Beyond a timeout
+    ahead, the file's own age decides: refused while it changes, taken over once not."""
+    caplog.set_level(logging.WARNING, logger="pipeline.lease")
+    lease_file = tmp_path / NAME
+    lease_file.write_text(json.dumps({"renewed": time.time() + 1e9, "host": "other-host",
+                                      "pid": 1, "started": "then"}))
+    with pytest.raises(LeaseHeld, match=r"last renewed by a clock 1,000,000,\d+ s ahead"):
+        Lease(None, str(tmp_path), timeout=60).acquire()
+    old = lease_file.stat().st_mtime - 61
+    os.utime(lease_file, (old, old))
+    Lease(None, str(tmp_path), timeout=60).acquire().release()
+    assert "stamped 1,000,000," in caplog.text and "has not changed for 6" in caplog.text
 
 
 def test_a_lease_file_is_never_left_half_written(tmp_path):
