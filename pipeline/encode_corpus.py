@@ -62,7 +62,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import regex
 from pyspark import Broadcast
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -81,7 +80,12 @@ from pipeline.count.corpus import (
 )
 from pipeline.encoder import EncodeError, Tokenizer
 from pipeline.lease import Lease
-from pipeline.outputs import IncompleteRun, check_run, read_tiktoken_export
+from pipeline.outputs import (
+    IncompleteRun,
+    check_run,
+    read_tiktoken_export,
+    tiktoken_split_problem,
+)
 from pipeline.patterns import PATTERNS, resolve_pattern, tiktoken_pattern
 from pipeline.pretokenize import (
     Pretokenizer,
@@ -251,37 +255,7 @@ def _tiktoken_unavailable(meta: dict) -> str:
             return (f"tiktoken cannot compile the run's split pattern "
                     f"({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})")
         if meta["pattern"] not in PATTERNS:  # (a custom one: it may mean another split there)
-            return _tiktoken_splits_otherwise(tiktoken, pattern)
-    return ""
-
-
-# texts a custom pattern is split on by both engines before tiktoken is trusted with it: the
-# classes and anchors that the regex package and fancy-regex can read differently (\h, \d,
-# $ and \Z at a final newline, case, scripts, digits of other scripts)
-_SPLIT_PROBES = ("abc\n", "Hello, world! 123\n\n  x\ty", "don't DO IT'S 3.14\r\n",
-                 "ab12 cd_ef\u00a0g\tF0\n", "日本語 текст €5 ١٢٣", "  trailing  \n", "x\n\n",
-                 "ǅemal Straße İı 𝔘", "a\x0bb\x0cc\x1cd\x85e\u2028f")
-
-
-def _tiktoken_splits_otherwise(tiktoken, pattern: str) -> str:
-    """Why tiktoken cannot be trusted with a custom pattern ('' if it can): a probe text it
-    splits into other pieces than the ``regex`` package. Its pieces are read back through a
-    vocabulary of every byte substring of the probe, in which each piece is one token."""
-    compiled = regex.compile(pattern)
-    for probe in _SPLIT_PROBES:
-        data = probe.encode()
-        subs = {data[i:j] for i in range(len(data)) for j in range(i + 1, len(data) + 1)}
-        ranks = {bytes([b]): b for b in range(256)}
-        for t in sorted(subs - ranks.keys(), key=lambda t: (len(t), t)):
-            ranks[t] = len(ranks)
-        enc = tiktoken.Encoding(name="spark-bpe-split-probe", pat_str=tiktoken_pattern(pattern),
-                                mergeable_ranks=ranks, special_tokens={})
-        theirs = [enc.decode_single_token_bytes(t) for t in enc.encode_ordinary(probe)]
-        ours = [m.group().encode() for m in compiled.finditer(probe) if m.group()]
-        if theirs != ours:
-            return (f"tiktoken's regex engine splits the run's pattern otherwise: {probe!r} "
-                    f"into {[t.decode('utf-8', 'replace') for t in theirs]!r}, the regex "
-                    f"package into {[t.decode() for t in ours]!r}")
+            return tiktoken_split_problem(pattern) or ""
     return ""
 
 

@@ -30,12 +30,15 @@ Usage::
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import regex
 
 from pipeline import fsutil
 from pipeline.bpe import BaseVocab, Merge, vocab_bytes
@@ -195,9 +198,93 @@ def special_clashes(tok: TrainedTokenizer) -> dict[str, int]:
     return {s: first[s] for s in tok.special_tokens if s in first}
 
 
+# texts a custom pattern is split on by the other engines before an export or the encode job
+# trusts them with it: the classes and anchors that the regex package, fancy-regex (tiktoken)
+# and Oniguruma (tokenizers) can read differently (\h, \d, \w and joiners, $ and \Z at a
+# final newline, case, scripts, digits of other scripts, combining marks)
+SPLIT_PROBES = ("abc\n", "Hello, world! 123\n\n  x\ty", "don't DO IT'S 3.14\r\n",
+                "ab12 cd_ef\u00a0g\tF0\n", "日本語 текст €5 ١٢٣", "  trailing  \n", "x\n\n",
+                "ǅemal Straße İı 𝔘", "a\x0bb\x0cc\x1cd\x85e\u2028f", "0xff 0x1F",
+                "カタカナ ひらがな 한국어 e\u0301 \u0928\u092e\u0938\u094d\u0924\u0947 🙂👍🏽")
+# where a difference is a caveat noted in run.json, not a refusal: the regex package's \w
+# takes the joiners U+200C/U+200D (Persian, Indic text, emoji sequences), Oniguruma's not
+CAVEAT_PROBES = ("x\u200dy a\u200cb \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
+def _splits_otherwise(engine: str, pattern: str, probe: str, theirs: list[bytes],
+                      ours: list[bytes]) -> str:
+    return (f"{engine} splits the run's pattern otherwise: {probe!r} into "
+            f"{[t.decode('utf-8', 'replace') for t in theirs]!r}, the regex package into "
+            f"{[t.decode() for t in ours]!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def tiktoken_split_problem(pattern: str) -> str | None:
+    """Why tiktoken cannot be trusted with the split pattern ``pattern`` (a regex source):
+    it cannot compile it, or it splits a probe text (``SPLIT_PROBES``) into other pieces
+    than the ``regex`` package; '' if neither, None if tiktoken is not installed. The pieces
+    are read back through a vocabulary of every byte substring of the probe, in which each
+    piece is one token."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    compiled = regex.compile(pattern)
+    for probe in SPLIT_PROBES:
+        data = probe.encode()
+        subs = {data[i:j] for i in range(len(data)) for j in range(i + 1, len(data) + 1)}
+        ranks = {bytes([b]): b for b in range(256)}
+        for t in sorted(subs - ranks.keys(), key=lambda t: (len(t), t)):
+            ranks[t] = len(ranks)
+        try:
+            enc = tiktoken.Encoding(name="spark-bpe-split-probe",
+                                    pat_str=tiktoken_pattern(pattern), mergeable_ranks=ranks,
+                                    special_tokens={})
+        except ValueError as exc:
+            return f"tiktoken cannot compile the split pattern ({_first_line(exc)})"
+        theirs = [enc.decode_single_token_bytes(t) for t in enc.encode_ordinary(probe)]
+        ours = [m.group().encode() for m in compiled.finditer(probe) if m.group()]
+        if theirs != ours:
+            return _splits_otherwise("tiktoken's regex engine", pattern, probe, theirs, ours)
+    return ""
+
+
+@functools.lru_cache(maxsize=16)
+def hf_split_problem(pattern: str, probes: tuple[str, ...] = SPLIT_PROBES) -> str | None:
+    """As :func:`tiktoken_split_problem`, for ``tokenizers`` given the pattern rewritten for
+    Oniguruma (the ``Split`` of tokenizer.json); None if tokenizers is not installed."""
+    try:
+        from tokenizers import Regex
+        from tokenizers.pre_tokenizers import Split
+    except ImportError:
+        return None
+    try:
+        split = Split(Regex(onig_pattern(pattern)), behavior="removed", invert=True)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own error types
+        return f"tokenizers (Oniguruma) cannot compile the split pattern ({_first_line(exc)})"
+    compiled = regex.compile(pattern)
+    for probe in probes:
+        theirs = [piece.encode() for piece, _ in split.pre_tokenize_str(probe)]
+        ours = [m.group().encode() for m in compiled.finditer(probe) if m.group()]
+        if theirs != ours:
+            return _splits_otherwise("tokenizers (Oniguruma)", pattern, probe, theirs, ours)
+    return ""
+
+
+def _custom(tok: TrainedTokenizer) -> str | None:
+    """The run's split pattern when it is a custom regex (not a name, not none)."""
+    return tok.pattern_regex if tok.pattern not in PATTERNS else None
+
+
 def hf_unwritable(tok: TrainedTokenizer) -> str:
     """Why ``tokenizer.json`` is not written for this run ('' if it is): a special token
-    spelled as a learned token, or a split pattern Oniguruma cannot be given."""
+    spelled as a learned token, or a split pattern Oniguruma cannot be given, cannot compile
+    or splits otherwise (checked where tokenizers is installed)."""
     if tok.base.alphabet != "bytes":
         return "chars"
     if special_clashes(tok):
@@ -205,6 +292,19 @@ def hf_unwritable(tok: TrainedTokenizer) -> str:
     src = tok.pattern_regex
     if src is not None and (construct := regex_only_syntax(src)):
         return f"regex-only syntax {construct}"
+    if (src := _custom(tok)) is not None and (problem := hf_split_problem(src)):
+        return problem
+    return ""
+
+
+def tiktoken_unwritable(tok: TrainedTokenizer) -> str:
+    """Why ``tokenizer.tiktoken`` and ``tiktoken.json`` are not written ('' if they are): a
+    chars run, or a custom split pattern tiktoken cannot compile or splits otherwise
+    (checked where tiktoken is installed)."""
+    if tok.base.alphabet != "bytes":
+        return "chars"
+    if (src := _custom(tok)) is not None and (problem := tiktoken_split_problem(src)):
+        return problem
     return ""
 
 
@@ -333,22 +433,35 @@ def export_notes(tok: TrainedTokenizer) -> list[str]:
             "capital sigma into 'ς' (Final_Sigma rule); text with a capital Σ can encode "
             "differently in tokenizers. Everything else lowercases alike."
         )
-    src = tok.pattern_regex
+    src = _custom(tok)
     construct = regex_only_syntax(src) if src is not None else ""
-    if construct:
-        notes.append(
-            f"tokenizer.json is not written: the split pattern uses {construct!r}, which only "
-            "the regex package has (Oniguruma, which tokenizers compiles patterns with, would "
-            "read it as something else and drop or split text otherwise). tokenizer.tiktoken "
-            "and pipeline.encoder.Tokenizer are written; check tiktoken against "
-            "pipeline.encoder.Tokenizer on your text (jobs/encode.py does)."
-        )
-    elif src is not None and tok.pattern not in PATTERNS:
+    hf_problem = construct and f"the split pattern uses {construct!r}, which only the regex " \
+        "package has (Oniguruma, which tokenizers compiles patterns with, would read it as " \
+        "something else and drop or split text otherwise)"
+    hf_problem = hf_problem or (hf_split_problem(src) if src is not None else "")
+    tk_problem = tiktoken_split_problem(src) if src is not None else ""
+    for export, problem in (("tokenizer.json", hf_problem),
+                            ("tokenizer.tiktoken and tiktoken.json", tk_problem)):
+        if problem:
+            notes.append(f"{export} not written: {problem}. Encode with "
+                         "pipeline.encoder.Tokenizer.load(RUN_DIR) (jobs/encode.py does).")
+    if src is not None and not hf_problem:
+        checked = "split like training on probe texts" if hf_problem == "" else \
+            "not checked: tokenizers is not installed where the run was trained"
         notes.append(
             "custom split pattern: tokenizer.json holds it rewritten for Oniguruma "
-            f"({onig_pattern(src)!r}); regex-package-only syntax cannot be translated, so check "
-            "Tokenizer.from_file(...) against pipeline.encoder.Tokenizer on your text."
+            f"({onig_pattern(src)!r}; {checked}); check Tokenizer.from_file(...) against "
+            "pipeline.encoder.Tokenizer on your text."
         )
+        if hf_problem == "" and (caveat := hf_split_problem(src, CAVEAT_PROBES)):
+            notes.append(f"custom split pattern: {caveat}: the regex package's \\w takes the "
+                         "joiners U+200C and U+200D, Oniguruma's does not, so tokenizer.json "
+                         "encodes text with them (Persian, Indic scripts, emoji sequences) "
+                         "otherwise.")
+    if src is not None and tk_problem is None:
+        notes.append("custom split pattern: not checked against tiktoken (not installed where "
+                     "the run was trained); check load_tiktoken(RUN_DIR) against "
+                     "pipeline.encoder.Tokenizer on your text (jobs/encode.py does).")
     if tok.duplicate_tokens():
         notes.append(
             f"{len(tok.duplicate_tokens())} byte strings were made by two merges: every export "
@@ -469,10 +582,10 @@ def write_exports(run_dir: str, tok: TrainedTokenizer, spark=None) -> list[str]:
     fsutil.write_text(spark, j(run_dir, "merges.txt"), merges_txt(tok))
     fsutil.write_text(spark, j(run_dir, "vocab.json"),
                       json.dumps(vocab_json(tok), ensure_ascii=False, indent=0))
-    if tok.base.alphabet == "bytes":
-        if not hf_unwritable(tok):
-            fsutil.write_text(spark, j(run_dir, "tokenizer.json"),
-                              json.dumps(hf_tokenizer_json(tok), ensure_ascii=False))
+    if not hf_unwritable(tok):
+        fsutil.write_text(spark, j(run_dir, "tokenizer.json"),
+                          json.dumps(hf_tokenizer_json(tok), ensure_ascii=False))
+    if not tiktoken_unwritable(tok):
         ranks = tiktoken_ranks(tok)
         fsutil.write_text(spark, j(run_dir, "tokenizer.tiktoken"), ranks)
         fsutil.write_text(spark, j(run_dir, "tiktoken.json"),
@@ -518,7 +631,8 @@ def read_tiktoken_export(run_dir: str, spark=None) -> TiktokenExport:
         raise FileNotFoundError(
             f"{run_dir} has no tiktoken export (tokenizer.tiktoken + tiktoken.json): either it "
             "is not a run directory, or the run starts from characters (alphabet = 'chars'), "
-            "which tiktoken cannot represent") from None
+            "which tiktoken cannot represent, or tiktoken cannot take its custom split "
+            "pattern (run.json's notes say why)") from None
     ranks = {}
     for line in ranks_text.splitlines():
         if line:

@@ -576,14 +576,57 @@ def test_a_pattern_with_regex_only_syntax_gets_no_tokenizer_json(tmp_path):
     pattern = r"\m\w+|\s+|[^\w\s]+"
     tok = train_in_memory(["hello world, hello there"] * 3, tmp_path, pattern, 270,
                           min_pair_count=1)
-    assert not (tmp_path / "tokenizer.json").exists()
-    assert (tmp_path / "tokenizer.tiktoken").exists() and (tmp_path / "vocab.json").exists()
-    assert any("tokenizer.json is not written" in n and "\\m" in n for n in export_notes(tok))
+    assert not (tmp_path / "tokenizer.json").exists() and (tmp_path / "vocab.json").exists()
+    assert any("tokenizer.json not written" in n and "\\m" in n for n in export_notes(tok))
+    # nor tiktoken's: fancy-regex cannot compile \m (load_tiktoken raised its parse error)
+    assert not (tmp_path / "tokenizer.tiktoken").exists()
+    assert any(n.startswith("tokenizer.tiktoken and tiktoken.json not written: tiktoken "
+                            "cannot compile") for n in export_notes(tok))
     assert Tokenizer.load(str(tmp_path)).decode(
         Tokenizer.load(str(tmp_path)).encode("hello world")) == "hello world"
     for ok in (r"\\m\w+|\w+|\s+", r"[\\m]\w*|\w+|\s+"):  # a backslash, a class: not \m
         train_in_memory(["hello world"] * 3, tmp_path / "ok", ok, 260, min_pair_count=1)
         assert (tmp_path / "ok" / "tokenizer.json").exists(), ok
+
+
+@pytest.mark.parametrize("pattern,hf_ok,tk_ok", [
+    (r" ?\w+| ?[^\w\s]+|\s+", True, True),
+    (r"\w+|\W", True, True),  # (\w: the joiners U+200C/D are word characters to regex
+    # only: a note, below)
+    (r"\h+|\w+|\s+|.", False, False),  # \h: a hex digit to fancy-regex and Oniguruma
+    (r"\p{sc=Han}+|\w+|\s+|.", False, True),  # Oniguruma knows no sc=
+    (r"\X|\s+", False, False),  # fancy-regex knows no \X; Oniguruma's clusters differ
+    # (Devanagari conjuncts)
+])
+def test_exports_of_a_custom_pattern_are_written_only_where_they_split_like_training(
+        tmp_path, pattern, hf_ok, tk_ok):
+    """Found by review: tokenizer.json and tokenizer.tiktoken were written for patterns
+    their engines cannot compile (load_tiktoken raised a parse error, tokenizers an
+    Oniguruma error) or read otherwise (other ids, no warning). Each export is now written
+    only where its engine splits the probe texts as the regex package does, else a note
+    says why; what is written gives the reference encoder's ids."""
+    from pipeline.outputs import SPLIT_PROBES
+
+    texts = ["hello world 0xff abc 漢字 カタカナ e\u0301 Straße"] * 20
+    tok = train_in_memory(texts, tmp_path, pattern, 300, ())
+    assert (tmp_path / "tokenizer.json").exists() == hf_ok
+    assert (tmp_path / "tokenizer.tiktoken").exists() == (tmp_path / "tiktoken.json").exists() \
+        == tk_ok
+    notes = export_notes(tok)
+    assert any(n.startswith("tokenizer.json not written") for n in notes) != hf_ok
+    assert any(n.startswith("tokenizer.tiktoken and tiktoken.json not written")
+               for n in notes) != tk_ok
+    assert any("joiners U+200C and U+200D" in n for n in notes) == (hf_ok and "\\w" in pattern)
+    ours = Tokenizer.load(str(tmp_path))
+    probes = [*SPLIT_PROBES, texts[0]]
+    if hf_ok:
+        hf = hf_tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        for t in probes:
+            assert hf.encode(t).ids == ours.encode(t), t
+    if tk_ok:
+        enc = load_tiktoken(str(tmp_path))
+        for t in probes:
+            assert enc.encode_ordinary(t) == ours.encode(t), t
 
 
 def test_nfkc_unicode_version_caveat(tmp_path):
@@ -726,9 +769,8 @@ def test_a_custom_pattern_tiktoken_reads_otherwise_is_not_given_to_tiktoken(tmp_
     for same in ("cl100k", "gpt2", "o200k", r"\S+$|\S{1,3}|\s+", r"\p{L}+|\p{N}+|\s+|."):
         assert _tiktoken_unavailable({**meta, "pattern": same}) == "", same
     train_in_memory(["ab ab ab ca\n"] * 10, tmp_path, pattern, 259, (), min_pair_count=1)
-    ours = Tokenizer.load(str(tmp_path))
-    tk = load_tiktoken(str(tmp_path))
-    assert ours.encode("cab") != tk.encode("cab")  # (what the probe keeps from the job)
+    # nor is the run's tiktoken export written (the same probe, at training)
+    assert not (tmp_path / "tokenizer.tiktoken").exists()
     cfg = Config(tokenizer=str(tmp_path), input=str(tmp_path), output=str(tmp_path / "o"))
     assert load_plan(None, cfg).engine == "reference"
     cfg.encode_engine = "tiktoken"
