@@ -173,8 +173,20 @@ class Stage:
             if done is not None:
                 self.done = done
             self.fields.update(fields)
-        if force or time.time() - self.last_beat >= self.progress.every:
+        if force:
             self.beat()
+        else:
+            self.beat_if_due()
+
+    def beat_if_due(self) -> None:
+        """A heartbeat if ``every`` seconds have passed since the last one, claimed under the
+        lock (the ticker and ``update`` must not both beat for the same interval)."""
+        with self.lock:
+            now = time.time()
+            if now - self.last_beat < self.progress.every:
+                return
+            self.last_beat = now
+        self.beat()
 
     def restart_rate(self) -> None:
         """Measure the rate (and the ETA) from now: what came before was set-up."""
@@ -225,8 +237,8 @@ class Stage:
                             last = _recent_point(self.points, now, since, base)
                             recent = last is not None and done > last[1]
                             eta_rate = (done - last[1]) / (now - last[0]) if recent else 0
-                        if eta_rate > 0:
-                            rec["eta"] = round((total - done) / eta_rate, 1)
+                        if eta_rate > 0:  # (past the total: 0, never negative)
+                            rec["eta"] = round(max(total - done, 0) / eta_rate, 1)
                 if event == "beat":
                     old = [i for i, p in enumerate(self.points)
                            if now - p[0] >= ETA_WINDOW_SECONDS]
@@ -276,6 +288,7 @@ class WholeFileJsonl:
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
         self.version = self.written_version = 0
+        self.closing = False  # set by close(): the writer thread ends
 
     def add(self, line: str, heartbeat: bool, flush: bool) -> None:
         with self.lock:
@@ -303,7 +316,7 @@ class WholeFileJsonl:
                 del (earlier or self.lines)[0]
 
     def _run(self) -> None:
-        while True:
+        while not self.closing:
             self.wake.wait()
             self.wake.clear()
             self.flush()
@@ -345,7 +358,10 @@ class WholeFileJsonl:
         return out
 
     def close(self) -> None:
-        """Write the last lines, waiting at most ``close_timeout`` seconds."""
+        """Write the last lines, waiting at most ``close_timeout`` seconds; the writer thread
+        ends (it held the write function, and with it the Spark session)."""
+        self.closing = True
+        self.wake.set()
         done = threading.Thread(target=self.flush, daemon=True)
         done.start()
         done.join(self.close_timeout)
@@ -442,10 +458,12 @@ class Progress:
         stop = threading.Event()
 
         def tick() -> None:  # only the innermost running stage beats
-            while not stop.wait(self.every / 2):
+            # wake when the next beat is due (a forced beat moves it), at least every/2
+            while not stop.wait(min(self.every / 2,
+                                    max(0.01, st.last_beat + self.every - time.time()))):
                 stages = self.stages  # (a failed stage is removed without a join)
-                if stages and stages[-1] is st and time.time() - st.last_beat >= self.every:
-                    st.beat()
+                if stages and stages[-1] is st:
+                    st.beat_if_due()
 
         ticker = threading.Thread(target=tick, name=f"spark-bpe-progress-{name}", daemon=True)
         ticker.start()
@@ -457,8 +475,8 @@ class Progress:
                 st.closed = True
                 st.fields["error"] = ("Terminated" if terminating is not None and terminating()
                                       else type(exc).__name__)
-            with contextlib.suppress(Exception):
-                st.beat("error")
+            with contextlib.suppress(Exception):  # (no poll: one stuck in a call to the
+                st.beat("error", poll=False)       # JVM must not hold the failure's exit)
             raise
         else:
             stop.set()

@@ -428,3 +428,80 @@ def test_a_stage_stopped_by_a_sigterm_says_so_whatever_the_call_raised(tmp_path,
             Progress("train", str(jsonl), every=10, bar=False).stage("count"):
         raise RuntimeError("a real failure")
     assert json.loads(jsonl.read_text().splitlines()[-1])["error"] == "RuntimeError"
+
+
+def test_a_failed_stage_whose_poll_hangs_ends_at_once(tmp_path):
+    """The error line polled again, with no time limit: a poll stuck in a call to the JVM
+    held the failing job's exit for as long as it hung (found by review)."""
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=0.05, bar=False)
+    release = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError), prog.stage("count", poll=lambda: release.wait(5) and {}):
+        time.sleep(0.2)
+        raise RuntimeError("boom")
+    took = time.monotonic() - t0
+    release.set()
+    assert took < 1.5, took
+    assert json.loads(jsonl.read_text().splitlines()[-1])["event"] == "error"
+
+
+def test_heartbeats_come_once_per_interval_and_no_later_than_it(tmp_path, monkeypatch):
+    """``update`` and the ticker each decided to beat with no lock (the same line twice, two
+    beats 0.2 s apart with every=1), and the ticker looked only every every/2 from the
+    stage's start, so after a forced beat the next came up to 1.5x the interval later. Now
+    each interval's beat is claimed once, and the ticker wakes when the next one is due
+    (found by review)."""
+    beats: list[float] = []
+    real = progress_mod.Stage.beat
+
+    def recording(self, event="beat", poll=True):
+        if event == "beat":
+            beats.append(time.monotonic())
+        return real(self, event, poll)
+
+    monkeypatch.setattr(progress_mod.Stage, "beat", recording)
+    every = 0.4  # updates every 10 ms racing the ticker, a poll of 50 ms in each beat
+    prog = Progress("test", str(tmp_path / "p.jsonl"), every=every, bar=False)
+    with prog.stage("merges", total=10**6, poll=lambda: time.sleep(0.05) or {}) as st:
+        t_end, i = time.monotonic() + 3.0, 1
+        while time.monotonic() < t_end:
+            i += 1
+            st.update(i)
+            time.sleep(0.01)
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    assert len(gaps) >= 4 and min(gaps) >= every * 0.9, gaps  # once per interval
+    beats.clear()
+    every = 2.0  # the ticker alone after a forced beat off its rhythm (0.5 s in)
+    prog = Progress("test", str(tmp_path / "q.jsonl"), every=every, bar=False)
+    with prog.stage("merges") as st:
+        time.sleep(0.5)
+        st.update(force=True)
+        time.sleep(2.6)
+    assert len(beats) >= 2 and beats[1] - beats[0] <= every + 0.3, beats  # (was 2.5 s)
+
+
+def test_an_eta_past_the_total_is_zero_not_negative(tmp_path):
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=0.05, bar=False)
+    with prog.stage("count", total=1000, unit="rows") as st:
+        time.sleep(0.6)  # (the negative ETA was -elapsed x (done - total) / done: -0.5 s)
+        st.update(10_000, force=True)
+    beats = [json.loads(x) for x in jsonl.read_text().splitlines() if '"beat"' in x]
+    assert beats and all(b["eta"] == 0 for b in beats if "eta" in b)
+    assert any("eta" in b for b in beats)
+
+
+def test_a_closed_whole_file_sink_ends_its_writer_thread():
+    """Each WholeFileJsonl's writer thread looped for ever after close(), holding its write
+    function (and with it the Spark session): 20 closed sinks left 20 threads (review)."""
+    before = {t for t in threading.enumerate() if t.name == "spark-bpe-progress-file"}
+    for _ in range(5):
+        store = Store()
+        sink = WholeFileJsonl(store.write, lambda: "", every=0)
+        with Progress("train", sink, every=10, bar=False).stage("prepare"):
+            pass
+        sink.close()
+        assert store.events()[-1] == ("train", "end")
+    assert until(lambda: {t for t in threading.enumerate()
+                          if t.name == "spark-bpe-progress-file"} <= before)
