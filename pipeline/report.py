@@ -16,6 +16,7 @@ scrolling). :func:`render_report` is pure Python; :func:`write_report` is what `
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import math
@@ -30,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline import fsutil
-from pipeline.bpe import BaseVocab, Merge
+from pipeline.bpe import BaseVocab, Merge, vocab_bytes
 from pipeline.encoder import PairTable, Tokenizer, bpe_encode
 from pipeline.engines.local import initial_symbols
 from pipeline.outputs import TrainedTokenizer, export_notes
@@ -93,7 +94,7 @@ def measure_sample(tok: TrainedTokenizer, texts: Sequence[str | bytes], label: s
     weights = np.fromiter(counts.values(), dtype=np.int64, count=len(words))
     flat, lengths = _symbols(tok.base, words)
     total_bytes = int(sum(len(word_bytes(w)) * c for w, c in counts.items()))
-    vocab = tok.vocab
+    vocab = _text_vocab(tok)  # (a chars run's end-of-word suffix is no text)
     tok_len = np.array([len(t) for t in vocab] + [1], dtype=np.int64)  # last: unknown char
     curve: list[tuple[int, float]] = []
     hist: dict[int, int] = {}
@@ -169,20 +170,29 @@ def _snippet(text: str) -> str:
     return out
 
 
+def _text_vocab(tok: TrainedTokenizer) -> list[bytes]:
+    """The text of each token: a chars run's end-of-word suffix symbol adds none."""
+    if not tok.base.end_of_word_suffix:
+        return tok.vocab
+    return vocab_bytes(dataclasses.replace(tok.base, tokens=[*tok.base.tokens[:-1], b""]),
+                       tok.merges)
+
+
 def examples(tok: TrainedTokenizer, texts: Sequence[str | bytes]) -> list[list[bytes | str]]:
     """A few snippets spread over the sample, as token byte strings (specials as str)."""
     rows = [decode_row(t)[0] for t in texts if t]
     if not rows:
         return []
     enc = Tokenizer(tok.base, tok.merges, tok.special_tokens, tok.spec.without_specials())
-    picked = sorted({int(i * len(rows) / EXAMPLES) for i in range(min(EXAMPLES, len(rows)))})
+    n = min(EXAMPLES, len(rows))
+    picked = sorted({int(i * len(rows) / n) for i in range(n)})
     out = []
     for i in picked:
         try:
             ids = enc.encode(_snippet(rows[i]), allowed_special="all")  # as training cuts them
         except ValueError:  # chars alphabet: a character the vocabulary never saw
             continue
-        out.append([enc.vocab[t] if t < len(enc.vocab) else enc.special_tokens[t -
+        out.append([enc.text_vocab[t] if t < len(enc.vocab) else enc.special_tokens[t -
                     len(enc.vocab)] for t in ids])
     return out
 
@@ -206,16 +216,29 @@ def _visible(token: bytes) -> str:
     return shown
 
 
+def _shown_char(ch: str) -> str:
+    """A character of an example as shown: an invisible or layout-changing one (a control,
+    a NUL, a right-to-left override, a lone surrogate) as ``\\uXXXX``; the joiners stay (emoji
+    sequences, Indic scripts)."""
+    return ch if ch.isprintable() or ch in "\u200c\u200d " else f"\\u{ord(ch):04x}"
+
+
+def _shown(text: str) -> str:
+    return "".join(map(_shown_char, text))
+
+
 def _tok_cell(token: bytes) -> str:
     return f'<code class="tok">{html.escape(_visible(token))}</code>'
 
 
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+def _nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(1, math.ceil(step))
     start = math.ceil(lo / step) * step
     return [start + i * step for i in range(int((hi - start) / step + 1e-9) + 1)]
 
@@ -244,7 +267,7 @@ def line_chart(series: list[tuple[str, str, list[tuple[int, float]]]], x_label: 
         parts.append(f'<line x1="{ml}" x2="{w - mr}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" '
                      'class="grid"/>')
         parts.append(f'<text x="{ml - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
-    for t in _nice_ticks(0, x1):
+    for t in _nice_ticks(0, x1, integer=True):  # (x: merges, a count)
         parts.append(f'<text x="{sx(t):.1f}" y="{h - mb + 16}" text-anchor="middle">'
                      f'{_fmt(t)}</text>')
     parts.append(f'<line x1="{ml}" x2="{w - mr}" y1="{h - mb}" y2="{h - mb}" class="axis"/>')
@@ -277,8 +300,9 @@ def bar_chart(categories: list[str], series: list[tuple[str, str, list[float]]],
              f'aria-label="{html.escape(y_label)}">']
     for t in _nice_ticks(0, top, 4):
         y = mt + (h - mt - mb) * (1 - t / top)
+        label = f"{t:.0%}" if round(t * 100, 6) == round(t * 100) else f"{t:.1%}"  # (2.5%)
         parts.append(f'<line x1="{ml}" x2="{w - mr}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                     f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{t:.0%}</text>')
+                     f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     for j, (_, color, vals) in enumerate(series):
         for i, v in enumerate(vals):
             bh = (h - mt - mb) * v / top
@@ -306,8 +330,8 @@ def _example_html(tokens: list[bytes | str]) -> str:
     def span(text: str, cls: str, title: str) -> str:
         nonlocal shade
         shade ^= 1
-        shown = "".join(VISIBLE[ch] + ("\n" if ch == "\n" else "") if ch in "\n\t\r" else ch
-                        for ch in text)
+        shown = "".join(VISIBLE[ch] + ("\n" if ch == "\n" else "") if ch in "\n\t\r"
+                        else _shown_char(ch) for ch in text)
         return (f'<span class="t{shade} {cls}" title="{html.escape(title)}">'
                 f"{html.escape(shown)}</span>")
 
@@ -319,10 +343,10 @@ def _example_html(tokens: list[bytes | str]) -> str:
         n_buf += 1
         try:
             text = buf.decode("utf-8")
-        except UnicodeDecodeError:
-            if n_buf < 4:
-                continue
-            text = buf.decode("utf-8", "backslashreplace")
+        except UnicodeDecodeError as exc:
+            if exc.reason == "unexpected end of data" and n_buf < 4:
+                continue  # the rest of the character may come in the next token
+            text = buf.decode("utf-8", "backslashreplace")  # (invalid: shown as it is)
         cls = "frag" if n_buf > 1 else ""
         title = f"{n_buf} tokens for one character" if n_buf > 1 else f"{len(buf)} bytes"
         out.append(span(text, cls, title))
@@ -368,6 +392,7 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
                   notes: Sequence[str] = ()) -> str:
     """The whole page as a string (pure Python: the tests render it without Spark)."""
     e = html.escape
+    title = _shown(title)
     body = [f"<h1>{e(title)}</h1>",
             f'<p class="sub">Byte-pair encoding run report · {time.strftime("%Y-%m-%d %H:%M")}'
             "</p>",
@@ -393,7 +418,7 @@ def _summary_section(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_b
                        f"base ({tok.base.alphabet}) + {len(tok.merges):,} merges + "
                        f"{len(tok.special_tokens)} special"),
         ("split pattern", tok.pattern if len(tok.pattern) < 40 else "custom regex"),
-        ("special tokens", ", ".join(tok.special_tokens) or "none"),
+        ("special tokens", ", ".join(map(_shown, tok.special_tokens)) or "none"),
         ("normalization", f"{tok.normalization}{', lowercase' if tok.lowercase else ''}"),
         ("training corpus", f"{corpus_bytes:,} bytes in words; {corpus_tokens:,} → "
                             f"{final_tokens:,} tokens"),

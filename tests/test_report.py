@@ -205,3 +205,41 @@ def test_examples_show_a_special_token_as_one_special(tmp_path):
     assert b"<" not in shown and b"<|" not in shown
     assert b"".join(t.encode() if isinstance(t, str) else t for t in shown) == \
         f"hello world and some filler text {EOT} more text here".encode()
+
+
+def test_odd_samples_render_truthfully(tmp_path):
+    """Found by review: a sample of 3 rows gave 2 examples; an invalid byte swallowed the
+    tokens after it into one "incomplete" span; a NUL or a right-to-left override reached the
+    page raw (a parse error; the tokens after it shown reversed); a merges axis of 2 merges
+    read 0.50, 1.50; a 2.5% gridline read "2%"; a chars run's end-of-word suffix was counted
+    as text in its examples' bytes (2.10 bytes per token beside the summary's 0.90)."""
+    from pipeline.bpe import BaseVocab, Merge
+    from pipeline.outputs import TrainedTokenizer
+    from pipeline.report import _example_html, bar_chart, examples, line_chart
+
+    tok = train_in_memory(["row one", "row two", "row three"] * 5, tmp_path, "cl100k", 260,
+                          (), min_pair_count=1)
+    assert len(examples(tok, ["row one", "row two", "row three"])) == 3
+
+    page = _example_html([b"\xff", b"c", b"d"])
+    assert page.count("<span") == 3 and "incomplete" not in page
+    page = _example_html([b"a\x00", "\u202e".encode(), b"xy", "\u200d".encode()])
+    assert "\x00" not in page and "\u202e" not in page
+    assert "\\u0000" in page and "\\u202e" in page and "\u200d" in page  # (a joiner stays)
+    title = render_report(tok, [10, 9], 10, 10, None, title="run \u202e x")
+    assert "\u202e" not in title and "run \\u202e x" in title
+
+    ticks = re.findall(r'text-anchor="middle">([^<]+)</text>',
+                       line_chart([("s", "#000", [(0, 1.0), (1, 1.5), (2, 2.0)])], "merges",
+                                  "bytes per token"))
+    assert ticks[:3] == ["0", "1", "2"], ticks
+    labels = re.findall(r'text-anchor="end">([^<]+%)</text>',
+                        bar_chart(["1", "2"], [("v", "#000", [0.1, 0.02])], "y"))
+    assert labels == ["0%", "2.5%", "5%", "7.5%", "10%"]
+
+    base = BaseVocab("chars", [b"a", b"b", b" ", b"</w>"], "</w>")
+    chars = TrainedTokenizer(base, [Merge(0, 3, 4, 5), Merge(1, 3, 5, 3)], [], "gpt2")
+    (shown,) = examples(chars, ["ab ba aab"])
+    assert b"".join(shown) == b"ab ba aab"  # the text, no suffix bytes
+    sample = measure_sample(chars, ["ab ba aab"], "sample")
+    assert sample.bytes == 9 and max(sample.length_hist) == 1  # ("a</w>": 1 byte of text)
