@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from pipeline.encoder import Tokenizer
 
 log = logging.getLogger(__name__)
+
+PathArg = str | os.PathLike  # a path: a string (a URI too) or a pathlib.Path
 
 
 @dataclass
@@ -82,18 +85,17 @@ class Run:
     def tiktoken(self, ignore_normalization: bool = False):
         """A ``tiktoken.Encoding`` built from the run's export (see
         ``pipeline.outputs.load_tiktoken``)."""
-        from pipeline.outputs import load_tiktoken
+        from pipeline.outputs import NO_EXPORT_BECAUSE, load_tiktoken
 
         if self.meta is not None and self.export is None:  # (read when the run ended)
-            raise FileNotFoundError(f"{self.dir} has no tiktoken export: the run starts from "
-                                    "characters (alphabet = 'chars'), which tiktoken cannot "
-                                    "represent")
+            raise FileNotFoundError(f"{self.dir} has no tiktoken export: {NO_EXPORT_BECAUSE}")
         return load_tiktoken(self.dir, ignore_normalization=ignore_normalization,
                              export=self.export)
 
     @property
     def files(self) -> list[str]:
-        """The paths of the run's files that exist (a ``chars`` run has no tiktoken export;
+        """The paths of the run's files that exist (a ``chars`` run, or one whose custom
+        pattern tiktoken cannot split as training did, has no tiktoken export;
         ``words`` and ``checkpoints`` are directories and not listed)."""
         return [fsutil.join(self.dir, n) for n in self.names]
 
@@ -109,7 +111,7 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     corpus = _fspath(corpus)
     options = {k: _fspath(v) for k, v in options.items()}
     if corpus is not None:
-        given = sorted(k for k in (o.replace("-", "_") for o in options)
+        given = sorted(k for k in options
                        if k in CORPUS_KEYS and k in job_keys(job))  # (others: not its keys)
         if given:  # (the keyword would win over the positional corpus, unsaid)
             raise ConfigError(f"config key {given[0]!r}: the corpus is given twice, as the "
@@ -117,6 +119,9 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
         if isinstance(corpus, str):
             options = {"input": corpus, **options}
         elif isinstance(corpus, (list, tuple)) and all(isinstance(c, str) for c in corpus):
+            if not corpus or any(not c.strip() for c in corpus):
+                raise ConfigError("config key 'input': the list of paths has an empty source "
+                                  f"({list(corpus)!r})")
             if any(len(Config(input=c).inputs) != 1 for c in corpus):
                 raise ConfigError("config key 'input': a path with a comma (outside a glob's "
                                   "braces) cannot be one of several sources")
@@ -126,7 +131,7 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
         else:
             raise ConfigError("the corpus must be a path, a list of paths or a Spark DataFrame, "
                               f"not {type(corpus).__name__}")
-    foreign = sorted(k for k in (o.replace("-", "_") for o in options)
+    foreign = sorted(k for k in options
                      if k in Config.__dataclass_fields__ and k not in job_keys(job))
     if foreign:  # e.g. vocab_size given to count_words: an error, not silently ignored
         raise ConfigError(f"config key {foreign[0]!r} is not a setting of "
@@ -137,6 +142,19 @@ def _config(job: str, corpus: Any, options: dict[str, Any]) -> tuple[Config, Any
     _log_where_seen(cfg, explicit="log_level" in options)
     log.info("%s config: %s", job, cfg.to_json(job, indent=None))  # as the jobs log it
     return cfg, frame
+
+
+def _keys(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with each key spelled with underscores (``vocab-size`` is ``vocab_size``,
+    as on the command line); a key given in both spellings is refused, as in a config file."""
+    keys: dict[str, Any] = {}
+    for name, value in options.items():
+        key = name.replace("-", "_")
+        if key in keys:
+            raise ConfigError(f"config key {key!r} is given twice ({key!r} and "
+                              f"{key.replace('_', '-')!r}); give it once")
+        keys[key] = value
+    return keys
 
 
 def _fspath(value: Any) -> Any:
@@ -198,11 +216,7 @@ def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[st
         raise ConfigError(f"spark= must be a SparkSession (or None: the active one, else one "
                           f"started here), not {session!r}")
     if session is None:
-        from pyspark.sql import SparkSession
-
-        # (the active session is per thread: from a thread of its own a call sees none, and
-        # stopping the one it then "made", the caller's, would end the caller's work)
-        session = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+        session = _existing_session()
     if session is None:
         from pipeline.spark_session import build_session
 
@@ -218,16 +232,54 @@ def _session(cfg: Config, spark: SparkSession | None, app: str, options: dict[st
         log.warning("%s not applied: the Spark session already exists (its master is %s); "
                     "they apply when the call starts its own session",
                     ", ".join(ignored), session.sparkContext.master)
+    with _shuffle_partitions(session, cfg.shuffle_partitions), _worker_python_explained():
+        yield session
+
+
+# per session: [calls that set spark.sql.shuffle.partitions, the session's own value]
+_shuffle_set: dict[int, list] = {}
+_shuffle_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _shuffle_partitions(session: SparkSession, partitions: int) -> Iterator[None]:
+    """``spark.sql.shuffle.partitions`` = ``partitions`` (0: left alone) for the call; the
+    session's own value back when the last of the calls that set it ends (calls from several
+    threads share the session's setting: the last one set is theirs while they overlap)."""
+    if not partitions:
+        yield
+        return
     key = "spark.sql.shuffle.partitions"
-    before = session.conf.get(key) if cfg.shuffle_partitions else None
-    if cfg.shuffle_partitions:
-        session.conf.set(key, str(cfg.shuffle_partitions))
+    with _shuffle_lock:
+        held = _shuffle_set.setdefault(id(session), [0, session.conf.get(key)])
+        held[0] += 1
+        session.conf.set(key, str(partitions))
     try:
-        with _worker_python_explained():
-            yield session
+        yield
     finally:
-        if before is not None:
-            session.conf.set(key, before)
+        with _shuffle_lock:
+            held[0] -= 1
+            if not held[0]:
+                del _shuffle_set[id(session)]
+                session.conf.set(key, held[1])
+
+
+def _existing_session() -> SparkSession | None:
+    """The program's live session, if it has one: the active session, else the one made
+    first (the active session is per thread: from a thread of its own a call sees none, and
+    stopping the one it then "made", the caller's, would end the caller's work), else a
+    session on a SparkContext the program made without one (older RDD code). A session
+    whose context was stopped is none: a new one is made."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    for session in (SparkSession.getActiveSession(), SparkSession._instantiatedSession):
+        if session is not None and session.sparkContext._jsc is not None:
+            return session
+    context = SparkContext._active_spark_context
+    if context is not None and context._jsc is not None:
+        return SparkSession(context)  # (not stopped here: the context is the program's)
+    return None
 
 
 @contextlib.contextmanager
@@ -245,17 +297,18 @@ def _worker_python_explained() -> Iterator[None]:
         raise ConfigError(why) from None
 
 
-def train(corpus: str | list[str] | DataFrame | None = None, *, output: str,
+def train(corpus: PathArg | list[PathArg] | DataFrame | None = None, *, output: PathArg,
           vocab_size: int | None = None, spark: SparkSession | None = None,
           **options: Any) -> Run:
     """Train a tokenizer into ``output`` (a run directory) and return the :class:`Run`.
     ``corpus``: a path, paths, or a DataFrame; or ``words=`` a word table instead."""
     from pipeline.train import train as train_run
 
+    options = _keys({"output": output, **options})
     if vocab_size is not None:
         options["vocab_size"] = vocab_size
     options.setdefault("progress_bar", False)
-    cfg, frame = _config(TRAIN, corpus, {"output": output, **options})
+    cfg, frame = _config(TRAIN, corpus, options)
     with _session(cfg, spark, "spark-bpe api train", options) as session:
         result = train_run(session, cfg, frame=frame)
         names = _run_files(session, result.run_dir)
@@ -288,28 +341,31 @@ def _run_files(spark: SparkSession, run_dir: str) -> tuple[str, ...]:
     return tuple(n for n in RUN_ENTRIES if n in present and n not in ("words", "checkpoints"))
 
 
-def count_words(corpus: str | list[str] | DataFrame, *, output: str,
-                spark: SparkSession | None = None, **options: Any) -> dict:
+def count_words(corpus: PathArg | list[PathArg] | DataFrame | None = None, *,
+                output: PathArg, spark: SparkSession | None = None, **options: Any) -> dict:
     """Count ``corpus`` into a word table at ``output``; returns its metadata (the contents of
-    ``word_table.json``: statistics, settings, input fingerprint)."""
+    ``word_table.json``: statistics, settings, input fingerprint). ``corpus``: a path, paths,
+    or a DataFrame; or ``input_table=`` a catalog table instead."""
     from pipeline.count.word_count import count_words as count
 
+    options = _keys({"output": output, **options})
     options.setdefault("progress_bar", False)
-    cfg, frame = _config(COUNT, corpus, {"output": output, **options})
+    cfg, frame = _config(COUNT, corpus, options)
     with _session(cfg, spark, "spark-bpe api count_words", options) as session:
         return count(session, cfg, frame=frame).meta
 
 
-def encode(corpus: str | list[str] | DataFrame, *, tokenizer: str, output: str,
-           spark: SparkSession | None = None, **options: Any) -> dict:
+def encode(corpus: PathArg | list[PathArg] | DataFrame | None = None, *, tokenizer: PathArg,
+           output: PathArg, spark: SparkSession | None = None, **options: Any) -> dict:
     """Encode ``corpus`` (a Parquet path, several, or a DataFrame with ``text_column``) with a
     trained run into ``output``; returns the summary that ``_encode.json`` holds (rows, bytes,
     tokens, bytes per token, ...). The other columns are carried as keys (``key_columns``);
     without any, the file and row of a Parquet row, or a DataFrame row's Spark id."""
     from pipeline.encode_corpus import check_encode_config, encode_corpus
 
+    options = _keys({"output": output, "tokenizer": tokenizer, **options})
     options.setdefault("progress_bar", False)  # (as train and count_words: the log only)
-    cfg, frame = _config(ENCODE, corpus, {"output": output, "tokenizer": tokenizer, **options})
+    cfg, frame = _config(ENCODE, corpus, options)
     check_encode_config(cfg, frame=frame is not None)  # before any Spark work, as the CLI does
     with _session(cfg, spark, "spark-bpe api encode", options) as session:
         return encode_corpus(session, cfg, frame).stats

@@ -275,6 +275,7 @@ def run_job(job: str, description: str, body: Callable[[Config], int | None],
     _unwound.clear()
     _from_jvm.clear()
     _jvm_gone.clear()
+    _jvm_died.clear()
     _finished.clear()
     if previous is not None:
         spark_session.on_jvm_shutdown = on_jvm_shutdown

@@ -621,6 +621,9 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
               or f.name in ("pattern", "end_of_word_suffix"),  # (pattern: checked below)
               f"config key '{f.name}' is only whitespace ({value!r})")
     _check_sources(cfg, job, frame)
+    _need(not frame or cfg.input_format == Config.input_format,
+          f"config key 'input_format' = {cfg.input_format!r}: a DataFrame corpus is already "
+          "read (its reader's format is the DataFrame's); leave input_format out")
     if job in (COUNT, TRAIN) and cfg.count_reader == "arrow" and not cfg.words:
         read_by_spark = ("a DataFrame" if frame else
                          f"--input-table {cfg.input_table}" if cfg.input_table else

@@ -621,6 +621,11 @@ class TiktokenExport:
                 "mergeable_ranks": self.mergeable_ranks, "special_tokens": self.special_tokens}
 
 
+NO_EXPORT_BECAUSE = ("the run starts from characters (alphabet = 'chars'), which tiktoken "
+                     "cannot represent, or tiktoken cannot take its custom split pattern "
+                     "(run.json's notes say why)")
+
+
 def read_tiktoken_export(run_dir: str, spark=None) -> TiktokenExport:
     j = fsutil.join
     check_run(run_dir, ("tiktoken.json", "tokenizer.tiktoken"), spark)
@@ -630,9 +635,7 @@ def read_tiktoken_export(run_dir: str, spark=None) -> TiktokenExport:
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{run_dir} has no tiktoken export (tokenizer.tiktoken + tiktoken.json): either it "
-            "is not a run directory, or the run starts from characters (alphabet = 'chars'), "
-            "which tiktoken cannot represent, or tiktoken cannot take its custom split "
-            "pattern (run.json's notes say why)") from None
+            f"is not a run directory, or {NO_EXPORT_BECAUSE}") from None
     ranks = {}
     for line in ranks_text.splitlines():
         if line:

@@ -833,6 +833,96 @@ def test_the_api_checks_before_any_spark_work(tmp_path, monkeypatch):
                   report_sample="no/such/held-out")  # made absolute, then checked
 
 
+class _Reached(Exception):
+    """Raised by a stand-in for ``api._session``: the call got as far as asking for Spark."""
+
+
+def test_the_api_takes_keys_in_either_spelling_once(tmp_path, monkeypatch):
+    """A key spelled with hyphens is the same key everywhere (the bar, the log level, the
+    settings an existing session keeps); both spellings at once are refused, as in a config
+    file; count_words takes input_table= as its corpus; an empty path in a list, or a file
+    format for a DataFrame (already read), is refused with what to do."""
+    from pipeline import api
+
+    asked = {}
+
+    def record(cfg, spark, app, options):
+        asked.update(cfg=cfg, options=options)
+        raise _Reached
+
+    monkeypatch.setattr(api, "_session", record)
+    out = str(tmp_path / "w")
+    with pytest.raises(ConfigError, match="'text_column' is given twice"):
+        api.count_words(str(SAMPLE), output=out, **{"text-column": "a"}, text_column="b")
+    with pytest.raises(_Reached):
+        api.train(str(SAMPLE), output=out, vocab_size=300, **{"progress-bar": True})
+    assert asked["cfg"].progress_bar is True
+    with pytest.raises(_Reached):
+        api.count_words(str(SAMPLE), output=out, **{"spark-ui": "on"})
+    assert "spark_ui" in asked["options"]  # (what an existing session is warned it keeps)
+    ours = logging.getLogger("pipeline")
+    level = ours.level
+    try:
+        with pytest.raises(_Reached):
+            api.count_words(str(SAMPLE), output=out, **{"log-level": "DEBUG"})
+        assert ours.level == logging.DEBUG
+    finally:
+        ours.setLevel(level)
+    with pytest.raises(_Reached):
+        api.count_words(input_table="db.docs", output=out)
+    assert asked["cfg"].input_table == "db.docs"
+    with pytest.raises(ConfigError, match="has an empty source"):
+        api.count_words([str(SAMPLE), ""], output=out)
+
+    class Frame:  # (what the API takes for a DataFrame)
+        sparkSession = schema = None
+
+    with pytest.raises(ConfigError, match="'input_format' = 'json': a DataFrame corpus"):
+        api.train(Frame(), output=out, vocab_size=300, input_format="json")
+
+
+def test_the_api_finds_the_programs_live_session_and_only_that(monkeypatch):
+    """A session whose context the program stopped is not used (a new one is made); a bare
+    SparkContext (older RDD code) is used through a session on it, never stopped."""
+    from types import SimpleNamespace
+
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from pipeline import api
+
+    stopped = SimpleNamespace(sparkContext=SimpleNamespace(_jsc=None))
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: stopped))
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", stopped)
+    monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    assert api._existing_session() is None
+    made = []
+    monkeypatch.setattr(SparkSession, "__init__", lambda self, sc: made.append(sc))
+    bare = SimpleNamespace(_jsc=object())
+    monkeypatch.setattr(SparkContext, "_active_spark_context", bare)
+    assert isinstance(api._existing_session(), SparkSession) and made == [bare]
+
+
+def test_calls_overlapping_on_one_session_give_back_its_shuffle_partitions():
+    """Two calls on one session with their own shuffle_partitions, the first ending while the
+    second runs: the session's own value is back when both have ended."""
+    from types import SimpleNamespace
+
+    from pipeline import api
+
+    conf = {"spark.sql.shuffle.partitions": "200"}
+    session = SimpleNamespace(sparkContext=SimpleNamespace(master="local[2]"),
+                              conf=SimpleNamespace(get=conf.__getitem__, set=conf.__setitem__))
+    first = api._session(Config(shuffle_partitions=11), session, "a", {})
+    second = api._session(Config(shuffle_partitions=7), session, "b", {})
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert conf["spark.sql.shuffle.partitions"] == "7"  # (the second call's, while it runs)
+    second.__exit__(None, None, None)
+    assert conf["spark.sql.shuffle.partitions"] == "200"
+
+
 @pytest.mark.parametrize("reader", ["auto", "spark"])
 def test_file_names_with_url_characters_are_names(spark, tmp_path, reader, caplog):
     """``#``, ``?``, ``%`` and spaces in a file's name are part of the name, never a URL's
