@@ -516,11 +516,12 @@ def test_the_first_shard_corrupt_where_spark_reads_the_schema(spark, tmp_path):
 
 
 def lake_with_a_file_damaged_part_way(folder) -> None:
-    """part-0.parquet: good rows; part-1.parquet: 200 rows in 4 row groups, the second one's
-    data damaged (its footer reads)."""
+    """part-0.parquet: 200 rows in 4 row groups, the second one's data damaged (its footer
+    reads); part-1.parquet: good rows (after it: their first keys are packed with the row
+    numbers' width, which the damaged file must not set)."""
     folder.mkdir()
-    pq.write_table(pa.table({"text": normal_rows()}), folder / "part-0.parquet")
-    bad = folder / "part-1.parquet"
+    pq.write_table(pa.table({"text": normal_rows()}), folder / "part-1.parquet")
+    bad = folder / "part-0.parquet"
     pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
                    row_group_size=50)
     damage_row_group(bad, 1)
@@ -574,7 +575,8 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     """Its footer reads, one row group's data does not: by default one error naming the file;
     with ignore_corrupt_files every row
     of the file is left out, also the row groups other tasks read, so that the word table is
-    the same for any number of tasks (it counted 50 or 150 of its rows before)."""
+    the same for any number of tasks (it counted 50 or 150 of its rows before), first keys
+    included (the rows other tasks read of it set how wide the good file's were packed)."""
     from pipeline.count.word_count import count_words
 
     lake_with_a_file_damaged_part_way(tmp_path / "in")
@@ -582,7 +584,7 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     for parts in (1, 4):
         out = tmp_path / f"w{parts}"
         # by default: one line naming the file and what is wrong, nothing written
-        with pytest.raises(ConfigError, match=r"^config key 'input': \S*/part-1\.parquet is "
+        with pytest.raises(ConfigError, match=r"^config key 'input': \S*/part-0\.parquet is "
                                               r"not a readable Parquet file \(.+\); fix or "
                                               r"remove it, or pass --ignore-corrupt-files"):
             count_words(spark, Config(input=str(tmp_path / "in"), output=str(out),
@@ -595,7 +597,7 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
         table = pq.read_table(out / "data").sort_by("first_seen")
         tables.append(table.to_pylist())
         stats = json.loads((out / "stats.json").read_text())
-        assert [f.rsplit("/", 1)[1] for f in stats["skipped_files"]] == ["part-1.parquet"]
+        assert [f.rsplit("/", 1)[1] for f in stats["skipped_files"]] == ["part-0.parquet"]
         assert b"qzqz" not in {r["word"].strip() for r in tables[-1]}
         # the statistics leave out what was read of it too: the good file's rows and words
         good = normal_rows()

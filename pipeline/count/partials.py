@@ -64,7 +64,9 @@ def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = 
     statistics have file -1. ``extra_max``: more maximal statistics, by name (read after the
     counters, which may fill it as they go)."""
     totals: dict[int, RowStats] = {} if per_file else {-1: RowStats()}
-    maxima = {"max_row": 0, "max_rank": 0, "max_block": 0}
+    # (per file too: the maxima of a file found unreadable must not shape the layout of the
+    # others' first keys, which would then depend on how far each task read it)
+    maxima = {-1: {"max_row": 0, "max_rank": 0, "max_block": 0}}
     for wc, block, weight in counters:
         if wc.counts:
             batch = _word_batch(wc, block, weight)
@@ -73,15 +75,18 @@ def partial_batches(counters: Iterable[Counted], extra: dict[str, int] | None = 
         total = totals.setdefault(wc.file_index if per_file else -1, RowStats())
         for k, v in wc.stats.as_dict().items():
             setattr(total, k, getattr(total, k) + v)
-        maxima["max_row"] = max(maxima["max_row"], wc.max_row)
-        maxima["max_rank"] = max(maxima["max_rank"], wc.max_rank)
-        maxima["max_block"] = max(maxima["max_block"], block)
+        most = maxima.setdefault(wc.file_index if per_file else -1,
+                                 {"max_row": 0, "max_rank": 0, "max_block": 0})
+        most["max_row"] = max(most["max_row"], wc.max_row)
+        most["max_rank"] = max(most["max_rank"], wc.max_rank)
+        most["max_block"] = max(most["max_block"], block)
         wc = batch = None  # (a lazy ``counters`` frees each counter before making the next)
     rows = [(KIND_STAT, name, value, file) for file, total in totals.items()
             for name, value in total.as_dict().items()]
     rows += [(KIND_STAT, name, value, -1) for name, value in (extra or {}).items()]
-    rows += [(KIND_MAX, name, value, -1) for name, value in {**maxima,
-                                                             **(extra_max or {})}.items()]
+    rows += [(KIND_MAX, name, value, file) for file, most in maxima.items()
+             for name, value in most.items()]
+    rows += [(KIND_MAX, name, value, -1) for name, value in (extra_max or {}).items()]
     kinds, names, values, files = zip(*rows)
     n = len(rows)
     yield pa.RecordBatch.from_arrays(
