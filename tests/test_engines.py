@@ -159,6 +159,40 @@ def test_partition_states_survive_retries_lost_rounds_and_interruptions(tmp_path
         PartitionStore("t", 1, root=str(tmp_path)).run_round(0, 0, batches[0], 0, lambda: history)
 
 
+def test_a_rebuild_waits_for_a_task_still_changing_the_partition(tmp_path):
+    """A failed round's other tasks run on for up to spark.python.task.killTimeout: a rebuild
+    of a partition one of them holds waits for it to end (the lock was a file inside the
+    directory the rebuild removes: the rebuild locked a new one, and the old task's save
+    then landed on the rebuilt state)."""
+    import threading
+    import time
+
+    from pipeline.engines.partition import PartitionStore
+
+    words = [b"abab", b"aab", b"bba"]
+    ids, _ = initial_words(words)
+    flat = np.array([t for w in ids for t in w])
+    lengths = np.array([len(w) for w in ids])
+    store = PartitionStore("t", 0, root=str(tmp_path))
+    store.build(flat, lengths, np.array([3, 2, 2]), 256, np.zeros((0, 2), np.int64))
+    holding = threading.Event()
+
+    def old_task() -> None:
+        with store.locked():
+            holding.set()
+            time.sleep(0.5)
+            store._write_meta({"dirty": False, "gen": 7, "round": 6, "scalars": {}})
+
+    task = threading.Thread(target=old_task)
+    task.start()
+    holding.wait()
+    store.build(flat, lengths, np.array([3, 2, 2]), 256, np.zeros((0, 2), np.int64))
+    task.join()
+    assert store.read_meta()["gen"] == 0  # the rebuilt state, not the old task's
+    store.remove()
+    assert not list(tmp_path.iterdir())
+
+
 def test_initial_counting_sort_in_chunks_equals_one_pass(monkeypatch):
     """The initial registration sorts byte pairs in bounded chunks; many tiny chunks must
     give the same ids, counts, positions and merges as one."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -120,6 +121,61 @@ def test_a_half_changed_partition_state_is_rebuilt_from_the_word_table(spark):
     finally:
         parts.close()
     assert res.merges == expected
+
+
+def test_the_engine_leaves_no_broadcast_behind_and_keeps_rare_pairs_on_the_executors(
+        spark, monkeypatch):
+    """The merge history is broadcast again every HISTORY_EVERY rounds: the copies no task
+    reads any more are destroyed (their files in the driver's temp directory went only when
+    the context stopped), the holders' own kept while they live, all of them at close, with
+    a rebuild on the way and the merges the oracle's. The initial counts bring the driver
+    only the pairs counted at least min_pair_count times."""
+    from pipeline.engines import spark as spark_engine
+    from pipeline.engines.partition import PartitionStore
+    from pipeline.engines.rounds import InProcessPartitions
+
+    words = [b"ab", b"ba", b"aab", b"abb", b"bab", b"aa", b"bb", b"abab", b"baba", b"abc", b"bca",
+             b"cab", b"cc", b"xyz"]
+    counts = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 1]
+    ids, base = initial_words(words)
+    expected = train_oracle(ids, counts, base.tokens, 12, 1)
+    made = []
+    broadcast = type(spark.sparkContext).broadcast
+    monkeypatch.setattr(type(spark.sparkContext), "broadcast",
+                        lambda sc, value: made.append(broadcast(sc, value)) or made[-1])
+    monkeypatch.setattr(spark_engine, "HISTORY_EVERY", 2)
+    parts = SparkPartitions(spark, word_df(spark, words, counts), 2, bytes_vocab())
+    run, alive = parts.run, []
+
+    def spoil(new, removed, stats) -> None:
+        alive.append(sum(os.path.exists(b._path) for b in made))
+        if stats.rounds == 5:  # (a rebuild: the holders' broadcast changes)
+            dirs = parts.holders.mapPartitionsWithIndex(
+                lambda i, it: [PartitionStore(run, i).dir] if sum(1 for _ in it) else []
+            ).collect()
+            with open(dirs[0] + "/state.json") as fh:
+                meta = json.load(fh)
+            with open(dirs[0] + "/state.json", "w") as fh:
+                json.dump({**meta, "dirty": True}, fh)
+
+    try:
+        rare = parts.initial_counts(2)
+        every = InProcessPartitions([(*initial_symbols_of(words), np.array(counts))],
+                                    256).initial_counts()
+        often = {k for k, d in zip(every.keys.tolist(), every.deltas.tolist()) if d >= 2}
+        assert set(rare.keys.tolist()) == often and len(often) < len(every.keys)
+        res = run_rounds(parts, [1] * 256, 12, 1, None, 1, on_round=spoil)
+        assert parts.rebuilds == 1 and res.stats.rounds == 12
+    finally:
+        parts.close()
+    assert res.merges == expected
+    assert len(made) >= 7 and max(alive) <= 4, alive  # base, holders', current, one replaced
+    assert not [b._path for b in made if os.path.exists(b._path)]
+
+
+def initial_symbols_of(words: list[bytes]):
+    lengths = np.array([len(w) for w in words], dtype=np.int64)
+    return np.frombuffer(b"".join(words), dtype=np.uint8).astype(np.int32), lengths
 
 
 @pytest.fixture(scope="module")

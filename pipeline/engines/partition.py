@@ -164,8 +164,11 @@ class PartitionStore:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        os.makedirs(self.dir, exist_ok=True)
-        with open(os.path.join(self.dir, "lock"), "w") as fh:
+        """The partition's lock: a file beside its directory, not in it, so that a rebuild,
+        which removes the directory, still waits for a task of the failed round that is
+        running on (a killed task's Python runs up to spark.python.task.killTimeout)."""
+        os.makedirs(os.path.dirname(self.dir), exist_ok=True)
+        with open(self.dir + ".lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
@@ -206,9 +209,9 @@ class PartitionStore:
     def build(self, flat: np.ndarray, lengths: np.ndarray, counts: np.ndarray,
               base_size: int, history: np.ndarray) -> FlatMergeState:
         """A fresh state from initial symbols, with the merges of ``history`` replayed."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir, exist_ok=True)
         with self.locked():
+            shutil.rmtree(self.dir, ignore_errors=True)
+            os.makedirs(self.dir, exist_ok=True)
             self._write_meta({"dirty": True})
             st = FlatMergeState.build(flat, lengths, counts, base_size, FileArrays(self.dir))
             catch_up(st, history, 0, len(history))
@@ -272,5 +275,7 @@ class PartitionStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.remove(self.dir + ".lock")
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(self.dir))  # the run's directory, once empty

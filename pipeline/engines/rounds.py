@@ -36,7 +36,10 @@ class PartitionSet(Protocol):
         """(partition ids, global position of each one's first symbol), non-empty partitions,
         ascending."""
 
-    def initial_counts(self) -> PairDeltas: ...
+    def initial_counts(self, min_count: int = 1) -> PairDeltas:
+        """Every pair's count and smallest position (at least those counted ``min_count``
+        times or more: a pair below it is never merged, and only a merge that makes one of
+        its tokens adds occurrences of a pair, so it never reaches ``min_count`` later)."""
 
     def run_round(self, batch: Batch) -> PairDeltas: ...
 
@@ -67,7 +70,7 @@ class InProcessPartitions:
     def partitions(self) -> tuple[list[int], list[int]]:
         return list(range(len(self.states))), list(self.offsets)
 
-    def initial_counts(self) -> PairDeltas:
+    def initial_counts(self, min_count: int = 1) -> PairDeltas:
         return combine_all([current_pairs(s, p, o) for p, (s, o)
                             in enumerate(zip(self.states, self.offsets))])
 
@@ -117,7 +120,7 @@ def run_rounds(
     driver. New ids continue after ``token_len`` (the lengths of the tokens that exist)."""
     part_ids, starts = parts.partitions()
     book = PairBook(part_ids, starts, token_len, max_token_bytes, min_pair_count)
-    init = parts.initial_counts()
+    init = parts.initial_counts(book.min_count)
     book.apply(init)
     stats = RoundStats()
     merges: list[Merge] = []

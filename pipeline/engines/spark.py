@@ -128,6 +128,8 @@ class SparkPartitions:
         self.chunks = chunks.rdd.map(lambda r: bytes(r[0])).persist(StorageLevel.DISK_ONLY)
         self._hist_bc = self.sc.broadcast(self.history)
         self._hist_at = self.gen  # merges in the history broadcast
+        # the broadcast the holders were built with (a holder Spark computes again reads it)
+        self._holders_bc = self._hist_bc
         self._old_bcs: list = []
         built = False
         try:
@@ -141,7 +143,7 @@ class SparkPartitions:
                 self._remove_states(self.chunks)
             self.chunks.unpersist(blocking=False)
             for b in (self._hist_bc, self._base):
-                b.unpersist(blocking=False)
+                b.destroy(blocking=False)
             raise
         self._sizes = sizes
         self.handoff_tokens = HANDOFF_TOKENS
@@ -225,6 +227,18 @@ class SparkPartitions:
         self._hist_bc = self.sc.broadcast(self.history)
         self._hist_at = len(self.history)
 
+    def _drop_old_histories(self) -> None:
+        """Destroy the history broadcasts no task reads any more (all but the holders' and
+        the current one): ``unpersist`` would leave each one's file in the driver's temp
+        directory until the context stops, 16 bytes per merge each, renewed every
+        ``HISTORY_EVERY`` rounds (hundreds of MB over a long run, kept by a notebook's
+        session from run to run)."""
+        keep = [b for b in self._old_bcs if b is self._holders_bc]
+        for b in self._old_bcs:
+            if b is not self._holders_bc:
+                b.destroy(blocking=False)
+        self._old_bcs = keep
+
     def _rebuild(self) -> None:
         """Rebuild every partition whose state is missing or half-changed, from its chunks,
         with the whole history replayed (after a task reported :class:`PartitionLost`)."""
@@ -234,6 +248,7 @@ class SparkPartitions:
         self._renew_history()
         old = self.holders
         self.holders = self._build_holders(self._hist_bc)
+        self._holders_bc = self._hist_bc
         old.unpersist(blocking=False)
 
     def _job(self, fn):
@@ -259,6 +274,7 @@ class SparkPartitions:
             except Exception as exc:  # noqa: BLE001 - py4j wraps the task's exception
                 if PartitionLost.MARK not in str(exc) or attempt == 2:
                     raise
+                self._wait_for_tasks_to_end()  # (the failed job's other tasks end first)
                 self._rebuild()
         raise AssertionError("unreachable")
 
@@ -266,8 +282,10 @@ class SparkPartitions:
     def partitions(self) -> tuple[list[int], list[int]]:
         return list(self.parts), [self.offsets[p] for p in self.parts]
 
-    def initial_counts(self) -> PairDeltas:
-        """Pair counts and smallest positions, aggregated with reduceByKey."""
+    def initial_counts(self, min_count: int = 1) -> PairDeltas:
+        """Pair counts and smallest positions, aggregated with reduceByKey; the pairs counted
+        fewer than ``min_count`` times stay on the executors (most of the distinct pairs,
+        about 240 bytes each on the driver, which the hand-off's estimate leaves out)."""
         gen, offsets, history = self.gen, self.offsets, self._history_fn()
         run = self.run
 
@@ -281,7 +299,8 @@ class SparkPartitions:
                                                 r.min_pos.tolist()))
 
         def by_pair():  # self.holders: the rebuilt ones after a loss
-            return self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(combine_entry)
+            return (self.holders.mapPartitionsWithIndex(pairs_of).reduceByKey(combine_entry)
+                    .filter(lambda kv: kv[0] < 0 or kv[1][0] >= min_count))
 
         rows = self._rebuilding(lambda: gather(by_pair()))
         tokens = sum(v[0] for k, v in rows if k < 0)
@@ -294,8 +313,7 @@ class SparkPartitions:
     def run_round(self, batch: Batch) -> PairDeltas:
         if self.rounds and self.rounds % HISTORY_EVERY == 0:
             self._renew_history()
-            while len(self._old_bcs) > 1:  # the holders' own broadcast stays alive
-                self._old_bcs.pop(0).unpersist(blocking=False)
+            self._drop_old_histories()
         round_no, gen, offsets = self.rounds, self.gen, self.offsets
         history, plan = self._history_fn(), list(batch)
         rep = self._job(lambda store, i: store.run_round(round_no, gen, plan, offsets[i],
@@ -352,8 +370,8 @@ class SparkPartitions:
         self._remove_states(self.holders)
         self.holders.unpersist(blocking=False)
         self.chunks.unpersist(blocking=False)
-        for b in [*self._old_bcs, self._hist_bc, self._base]:
-            b.unpersist(blocking=False)
+        for b in {id(b): b for b in [*self._old_bcs, self._hist_bc, self._base]}.values():
+            b.destroy(blocking=False)
 
 
 __all__ = ["SparkPartitions", "CHUNK_BYTES"]
