@@ -125,6 +125,13 @@ def _fs(spark: SparkSession, path: str):
                           "cluster") from None
 
 
+def qualified(spark: SparkSession, path: str) -> str:
+    """``path`` as Hadoop names the files under it (scheme, authority, ``.`` and ``..``
+    resolved): ``hdfs:///data`` is ``hdfs://namenode:8020/data`` in a listing."""
+    fs, p = _fs(spark, path)
+    return str(fs.makeQualified(p))
+
+
 def exists(spark: SparkSession | None, path: str) -> bool:
     spark = _session_for(spark, path)
     if is_local(path):
@@ -265,7 +272,13 @@ def _walk_data_files(spark: SparkSession | None, path: str, stat: bool = True
         if not os.path.isdir(lp):
             return None
         found = []
-        for top, dirs, files in os.walk(lp):
+        seen: set[str] = set()  # (folders by their real path: a link back up is walked once)
+        for top, dirs, files in os.walk(lp, followlinks=True):  # (as Hadoop's listing does)
+            real = os.path.realpath(top)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
             dirs[:] = [d for d in dirs if not d.startswith(hidden)]
             for f in files:
                 if not f.startswith(hidden):

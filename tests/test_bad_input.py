@@ -818,6 +818,27 @@ def test_files_in_plain_subfolders_are_an_error_not_a_corpus_read_in_part(spark,
                             progress_bar=False))
 
 
+def test_files_in_a_linked_subfolder_are_found_left_out_too(tmp_path):
+    """A subfolder that is a symbolic link (to shards kept elsewhere) is listed by Hadoop as
+    a folder, whose files Spark's reader leaves out as it does a real one's: the check walked
+    past the link, and the run trained on the top file alone, saying nothing. A link back up
+    the tree is walked once."""
+    from pipeline.count.corpus import _refuse_files_left_out, normalize_path
+
+    lake, shards = tmp_path / "lake", tmp_path / "shards"
+    lake.mkdir()
+    shards.mkdir()
+    pq.write_table(pa.table({"text": ["top"]}), lake / "top.parquet")
+    pq.write_table(pa.table({"text": ["nested"]}), shards / "nested.parquet")
+    (lake / "sub").symlink_to(shards, target_is_directory=True)
+    (shards / "up").symlink_to(lake, target_is_directory=True)  # a loop
+    read = [normalize_path(f"file://{lake}/top.parquet")]
+    with pytest.raises(ConfigError, match=r"1 files under \S+ would not be read, in subfolders "
+                                          r"that are not partitions \(key=value\), e.g. "
+                                          r"\S+/lake/sub/nested\.parquet"):
+        _refuse_files_left_out(None, "config key 'input'", str(lake), read)
+
+
 def test_an_unreadable_input_folder_is_a_config_error(tmp_path, monkeypatch):
     from pipeline.count import corpus
 

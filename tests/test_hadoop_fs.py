@@ -226,3 +226,26 @@ def test_a_store_that_uploads_on_close_is_written_in_place(spark, tmp_path, via_
     fsutil.write_text(spark, f"file://{tmp_path}/run/new.json", "{}\n")
     assert renamed == [f] and (tmp_path / "run" / "stats.json").read_text() == "in place\n"
     assert names(spark, f"file://{tmp_path}/run") == ["new.json", "stats.json"]
+
+
+def test_files_left_out_are_found_under_a_path_hadoop_spells_otherwise(spark, tmp_path,
+                                                                      via_hadoop):
+    """Hadoop lists the files under ``hdfs:///lake`` as ``hdfs://namenode:8020/lake/...``
+    (here: ``file:{tmp}/lake/sub/..`` as ``file:{tmp}/lake/...``): the check compared them
+    with the path as typed, found none under it, and a subfolder's files were left out of
+    the run silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.config import ConfigError
+    from pipeline.count.corpus import _refuse_files_left_out, normalize_path
+
+    lake = tmp_path / "lake"
+    (lake / "sub").mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["top"]}), lake / "top.parquet")
+    pq.write_table(pa.table({"text": ["nested"]}), lake / "sub" / "nested.parquet")
+    read = [normalize_path(f"file://{lake}/top.parquet")]
+    with pytest.raises(ConfigError, match=r"1 files under \S+ would not be read, in subfolders "
+                                          r"that are not partitions \(key=value\), e.g. "
+                                          r"\S+/lake/sub/nested\.parquet"):
+        _refuse_files_left_out(spark, "config key 'input'", f"file://{lake}/sub/..", read)

@@ -762,12 +762,14 @@ def _refuse_files_left_out(spark: SparkSession, what: str, name: str, read: list
         return  # a glob reads what it matches
     try:
         under = fsutil.data_files_under(spark, name)
+        # (as the listings spell it: hdfs:///x is hdfs://namenode:8020/x there)
+        root = normalize_path("file://" + os.path.abspath(fsutil.local_path(name))
+                              if fsutil.is_local(name) else fsutil.qualified(spark, name)
+                              ).rstrip("/")
     except Exception:  # noqa: BLE001 - a listing that fails is Spark's to report
         return
     if not under:
         return
-    root = normalize_path("file://" + os.path.abspath(fsutil.local_path(name))
-                          if fsutil.is_local(name) else name).rstrip("/")
     nested = [f[len(root):].strip("/") for f in sorted(set(map(normalize_path, under)) - set(read))
               if f.startswith(root + "/")]
     # in a subfolder; when nothing was read (the read failed), in a plain one (not key=value)
