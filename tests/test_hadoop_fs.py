@@ -191,7 +191,8 @@ def test_the_input_fingerprint_through_hadoop_names_a_file_removed_while_listed(
         spark, tmp_path, via_hadoop):
     """On hdfs:// or an object store the sizes and times come from one listing per folder; a
     file listed for the count but gone by then is one line naming it, as for local files
-    (it counted as size -1 before, a fingerprint that matched nothing and said nothing)."""
+    (it counted as size -1 before, a fingerprint that matched nothing and said nothing), and
+    so is one whose folder is gone."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -208,6 +209,11 @@ def test_the_input_fingerprint_through_hadoop_names_a_file_removed_while_listed(
     with pytest.raises(ConfigError, match=r"gone\.parquet was removed while the input was "
                                           r"listed"):
         input_fingerprint(spark, [*files, f"file:{tmp_path}/gone.parquet"])
+    # its folder too (a date partition a retention job removed): the same line, not a
+    # Java traceback
+    with pytest.raises(ConfigError, match=r"day=1/a\.parquet was removed while the input "
+                                          r"was listed"):
+        input_fingerprint(spark, [*files, f"file:{tmp_path}/day=1/a.parquet"])
 
 
 def test_a_store_that_uploads_on_close_is_written_in_place(spark, tmp_path, via_hadoop,

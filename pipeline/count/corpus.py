@@ -1043,9 +1043,14 @@ def _file_statuses(spark: SparkSession, files: list[str]) -> list[tuple[int, int
             remote.setdefault(f.rsplit("/", 1)[0], []).append(f)
     for parent, members in remote.items():
         fs, p = fsutil._fs(spark, parent)
+        try:
+            with fsutil._not_found_as_python(parent):
+                statuses = fs.listStatus(p)
+        except FileNotFoundError:  # (a folder a retention job removed since it was listed)
+            raise removed_while_listed(members[0]) from None
         listed = {normalize_path(s.getPath().toString()): (int(s.getLen()),
                                                            int(s.getModificationTime()))
-                  for s in fs.listStatus(p)}
+                  for s in statuses}
         for f in members:  # (a file the listing spells otherwise: asked for by name)
             out[f] = listed.get(f) or _file_status(spark, f)
     return [out[f] for f in files]
