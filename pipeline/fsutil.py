@@ -575,8 +575,8 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
     if tmp.rstrip("/") == final.rstrip("/"):
         return
     spark = _session_for(spark, final)
-    if is_local(final):
-        lt, lf = local_path(tmp), local_path(final)
+    if is_local(final):  # (a trailing slash would put the old one's name inside it)
+        lt, lf = (os.path.abspath(local_path(p)) for p in (tmp, final))
         if os.path.exists(lf):
             old = f"{lf}.old-{uuid.uuid4().hex[:8]}"
             os.replace(lf, old)

@@ -96,6 +96,14 @@ def test_outputs_are_staged_beside_except_on_object_stores(tmp_path, monkeypatch
     assert (tmp_path / "words").is_dir() and not (tmp_path / "staged").exists()
     fsutil.replace_dir(None, final, final)  # written in place (object store): nothing to do
     assert (tmp_path / "words").is_dir()
+    # an output given with a trailing slash, replaced by a rerun (the old one's name was put
+    # inside it: os.replace refused, after the whole encode)
+    for n in range(2):
+        (tmp_path / f"again{n}").mkdir()
+        (tmp_path / f"again{n}" / "n").write_text(str(n))
+        fsutil.replace_dir(None, str(tmp_path / f"again{n}"), final + "/")
+    assert (tmp_path / "words" / "n").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["words"]
     # on an object store the output is written in place (marker last), never renamed: the
     # marker goes first, so that readers stop trusting the old output before it changes
     deleted: list[str] = []
