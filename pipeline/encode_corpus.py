@@ -827,8 +827,10 @@ def _spark_encode(cfg: Config, source: _Source, acc, counts: TaskCounts) -> Data
     """Spark's path: the encoded rows, to be written by Spark's Parquet writer."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    src, keys = source.df, source.keys
-    carried = [src.schema[k] for k in keys if k in src.columns]
+    src = source.df
+    # the key columns by position, after the text (by name, a text column named as an
+    # automatic key, ``row``, would give that key the text's type)
+    carried = list(src.schema.fields[1:])
     if source.numbered:  # the row number the tasks add
         carried.append(T.StructField("row", T.LongType(), False))
     out_struct = T.StructType(carried + [

@@ -402,6 +402,17 @@ def test_pyarrow_path_writes_what_sparks_path_writes(spark, run_dir, tmp_path, c
         encode_corpus(spark, Config(input=str(tmp_path / "src-False"), tokenizer=str(run_dir),
                                     output=str(tmp_path / "never"), ids_column="row"))
     assert not (tmp_path / "never").exists()
+    # a text column named as an automatic key: the key keeps its type on either path (Spark's
+    # typed it as the text, and wrote the row numbers as strings)
+    (tmp_path / "rowtext").mkdir()
+    pq.write_table(pa.table({"row": ["a row", "another"]}), tmp_path / "rowtext" / "p.parquet")
+    for io in ("arrow", "spark"):
+        encode_corpus(spark, Config(input=str(tmp_path / "rowtext"), tokenizer=str(run_dir),
+                                    text_column="row", encode_io=io,
+                                    output=str(tmp_path / f"rowtext-{io}")))
+        written = read_output(tmp_path / f"rowtext-{io}")
+        assert written.schema.field("row").type == pa.int64(), (io, written.schema)
+        assert sorted(written.column("row").to_pylist()) == [0, 1]
     # names Spark's listing does not skip as "_ or . first" (it reads _x=1.parquet, skips a
     # file being copied): left to Spark's listing, the same rows either way
     names = tmp_path / "names"
