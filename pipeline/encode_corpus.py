@@ -78,7 +78,7 @@ from pipeline.count.corpus import (
     skipping_corrupt_files,
     unreadable_file_error,
 )
-from pipeline.encoder import EncodeError, Tokenizer
+from pipeline.encoder import UNENCODABLE, EncodeError, Tokenizer, repair_surrogates
 from pipeline.lease import Lease
 from pipeline.outputs import (
     IncompleteRun,
@@ -230,7 +230,12 @@ def load_plan(spark: SparkSession | None, cfg: Config) -> EncodePlan:
     if engine == "tiktoken":
         try:
             args = read_tiktoken_export(cfg.tokenizer, spark).encoding_args()
-        except (FileNotFoundError, IncompleteRun) as exc:
+        except FileNotFoundError as exc:
+            if cfg.encode_engine != "auto":
+                raise ConfigError(f"config key 'tokenizer': {exc}") from None
+            log.warning("encoding with the reference encoder (slow): %s", exc)
+            engine = "reference"
+        except IncompleteRun as exc:
             raise ConfigError(f"config key 'tokenizer': {exc}") from None
     return EncodePlan(meta, engine, cfg.special_in_text, args)
 
@@ -378,6 +383,9 @@ class BatchEncoder:
     def ordinary(self, text: str, valid_utf8: bool = True) -> list[int]:
         if self.tk is None or not valid_utf8:
             return self.ref.encode_ordinary(text)
+        if self.prepare and not text.isascii() and UNENCODABLE.search(text):
+            text = repair_surrogates(text)  # (before normalizing, as the reference does: a
+            # pair normalized apart would stay two surrogates, which tiktoken makes U+FFFD)
         prepared = self.prepare(text) if self.prepare else text
         why = self.tiktoken_refuses(prepared)
         if not why:

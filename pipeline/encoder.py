@@ -58,14 +58,14 @@ from pipeline.pretokenize import (
 )
 
 # a surrogate pair, or a surrogate that is not one of surrogateescape's bytes (U+DC80..U+DCFF)
-_UNENCODABLE = regex.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udc7f\udd00-\udfff]")
+UNENCODABLE = regex.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udc7f\udd00-\udfff]")
 
 
 def repair_surrogates(text: str) -> str:
     """``text`` with what UTF-8 cannot encode mended as tiktoken mends it (its UTF-16
     round trip): a surrogate pair becomes its character, any other surrogate U+FFFD; the
     surrogateescape bytes U+DC80..U+DCFF stay (they stand for invalid UTF-8 bytes)."""
-    return _UNENCODABLE.sub(
+    return UNENCODABLE.sub(
         lambda m: m.group().encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         if len(m.group()) == 2 else "\ufffd", text)
 

@@ -42,6 +42,7 @@ from pipeline.encoder import (
     merge_heap,
     merge_scan,
 )
+from pipeline.outputs import write_run_json
 from pipeline.patterns import PATTERNS, fast_pattern
 from pipeline.pretokenize import Pretokenizer, PretokenizerSpec
 
@@ -279,6 +280,31 @@ def test_rows_with_surrogate_escapes_go_to_the_reference(run_dir: Path):
     assert ref.decode_bytes(enc.encode("x\udc80y")[0]) == b"x\x80y"
     enc.encode("\udcff")
     assert "U+DCFF" in enc.via_reference and "invalid UTF-8" in enc.via_reference
+
+
+def test_a_normalizing_runs_surrogate_pairs_and_a_run_without_export(tmp_path: Path, caplog):
+    """A str holding a surrogate pair, given to BatchEncoder.encode of a run that normalizes
+    or lowercases: the pair is joined before normalizing, as the reference encoder does
+    (normalized first, it stayed two surrogates, which tiktoken made U+FFFD). A run written
+    without a tiktoken export: encode_engine auto takes the reference encoder, saying so;
+    tiktoken asked for is one line saying what is missing."""
+    from pipeline.config import ConfigError
+
+    texts = ["Mathematical \U0001d400 bold A and \U00010400 Deseret, ﬁne ligatures"] * 20
+    run = tmp_path / "nfkc"
+    train_in_memory(texts, run, vocab_size=300, lowercase=True, normalization="NFKC")
+    enc, ref = batch_encoder(run), Tokenizer.load(str(run))
+    for text in ("\ud835\udc00", "x \ud801\udc00 y", "\ud835\udc00\udc80", "lone \ud800"):
+        assert enc.encode(text)[0] == ref.encode(text), repr(text)
+    for name in ("tokenizer.tiktoken", "tiktoken.json"):
+        (run / name).unlink()
+    write_run_json(str(run), {"merges": 0})  # (a run that wrote no export)
+    caplog.set_level("WARNING", logger="pipeline.encode_corpus")
+    assert batch_encoder(run, "auto").encode("x \ud801\udc00 y")[0] == ref.encode(
+        "x \ud801\udc00 y")
+    assert "encoding with the reference encoder (slow)" in caplog.text
+    with pytest.raises(ConfigError, match="config key 'tokenizer': .* has no tiktoken export"):
+        batch_encoder(run, "tiktoken")
 
 
 def test_long_run_probe():
