@@ -274,6 +274,17 @@ def _already_done(spark: SparkSession, prep: Prepared) -> dict | None:
     return None
 
 
+def _may_be_an_older_table(meta: dict) -> bool:
+    """Whether a word table may have been counted by a spark-bpe older than the current
+    digest (``h...``), whose checkpoints record the older ``c...`` digest: not when its
+    word_table.json records the current digest, or lists its data files (which only tables
+    counted since do; an edited one's digest was dropped). The older digest cannot tell some
+    edits apart, so it only ever recognises the table it was computed for, never one counted
+    since."""
+    digest = str(meta.get("digest", ""))
+    return not digest.startswith("h") and not ("data_files" in meta and not digest)
+
+
 def _resume_from_checkpoint(prep: Prepared) -> None:
     """The merges already checkpointed (at most the target) into ``prep``; with resume =
     never, the checkpoints cleared instead."""
@@ -282,8 +293,11 @@ def _resume_from_checkpoint(prep: Prepared) -> None:
     if prep.cfg.resume == "never":
         ckpt.clear()
         return
-    loaded = ckpt.load(legacy_digest=functools.cache(lambda: legacy_digest(
-                           wt.table if wt.table is not None else prep.words())))
+    older = None
+    if _may_be_an_older_table(wt.meta):
+        older = functools.cache(lambda: legacy_digest(
+            wt.table if wt.table is not None else prep.words()))
+    loaded = ckpt.load(legacy_digest=older)
     if loaded:
         prep.prior, prep.prior_removed = loaded[0][:prep.target], loaded[1][:prep.target]
         if len(loaded[0]) >= prep.target:

@@ -668,11 +668,49 @@ def test_checkpoints_of_an_older_digest_are_resumed_when_the_table_is_the_same(s
         path.write_text(render(merges, removed, old_fp, settings))
     summary = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**summary, "fingerprint": old_fp}))
+    meta = json.loads((run / "words" / "word_table.json").read_text())
+    for key in ("digest", "data_files"):  # (the older code's table: neither recorded)
+        meta.pop(key)
+    (run / "words" / "word_table.json").write_text(json.dumps(meta))
     again = train(spark, Config(**cfg))
     assert again.merges == first.merges and not again.already_done
     assert again.stats["resumed_from_merge"] == len(first.merges)  # served, not trained
     assert "written by an older spark-bpe (another word-table digest)" in caplog.text
     assert train(spark, Config(**cfg)).already_done
+
+
+def test_checkpoints_of_an_older_digest_are_not_taken_for_a_table_counted_since(spark,
+                                                                                tmp_path):
+    """The older digest cannot tell one occurrence moved between same-length words of odd and
+    even count: checkpoints an older spark-bpe wrote for the corpus before such an edit were
+    resumed for the table recounted after it (the older digest of the new table matched), and
+    the old corpus's merges served. A table counted by this spark-bpe is never an older one's."""
+    from pipeline.checkpoint import fingerprint_of, parse, render
+    from pipeline.count.word_table import legacy_digest
+
+    src = tmp_path / "in"
+    src.mkdir()
+    a = ["ab", "cd", "cd", "cd", "ab", "xy", "xy", "xy", "xy"]
+    b = ["ab", "cd", "cd", "ab", "ab", "xy", "xy", "xy", "xy"]
+
+    def run_on(rows, out):
+        pq.write_table(pa.table({"text": rows}), src / "part-0.parquet")
+        return train(spark, Config(input=str(src), output=str(out), vocab_size=258,
+                                   pattern="none", special_tokens=[], min_pair_count=1,
+                                   checkpoint_every_merges=1, progress_bar=False)).merges
+
+    run = tmp_path / "run"
+    run_on(a, run)
+    old = pq.read_table(run / "words" / "data")
+    for path in sorted((run / "checkpoints").glob("merges-*.txt")):  # as the older code wrote
+        _, settings, merges, removed = parse(path.read_text(), 256)
+        settings["word_table"]["digest"] = legacy_digest(old)
+        path.write_text(render(merges, removed, fingerprint_of(settings), settings))
+    os.utime(src / "part-0.parquet", ns=(1, 1))  # the listing changes: a recount
+    again = run_on(b, run)
+    assert legacy_digest(pq.read_table(run / "words" / "data")) == legacy_digest(old)
+    assert again == run_on(b, tmp_path / "fresh")
+    assert [(m.left, m.right) for m in again] == [(ord("x"), ord("y")), (ord("a"), ord("b"))]
 
 
 def test_spark_console_bar_stays_out_of_a_log_file(spark):
