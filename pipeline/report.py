@@ -24,7 +24,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -634,13 +634,16 @@ def _first_rows(path: str, column: str, n: int) -> list:
 
 
 def write_report(spark, cfg, tok: TrainedTokenizer, tokens_left: Sequence[int],
-                 corpus_bytes: int, corpus_tokens: int) -> str:
+                 corpus_bytes: int, corpus_tokens: int,
+                 before_write: Callable[[], None] = lambda: None) -> str:
     """Write ``report.html`` into the run directory (``cfg.output``); returns its path.
 
     ``corpus_bytes``, ``corpus_tokens``: the training corpus's bytes in words and its tokens
     before the first merge (``tokens_left`` continues from it), as ``train`` summed them from
     the word table. The sample comes from ``cfg.report_sample`` (held out) or ``cfg.input``; if
-    it cannot be read the report says so and is written without it."""
+    it cannot be read the report says so and is written without it. ``before_write``:
+    called just before the file is written (the run's lease check: making the report may
+    take a while)."""
     notes = list(export_notes(tok))
     sample = None
     try:
@@ -656,5 +659,6 @@ def write_report(spark, cfg, tok: TrainedTokenizer, tokens_left: Sequence[int],
                          title=f"spark-bpe run: {cfg.output.rstrip('/').rsplit('/', 1)[-1]}",
                          notes=notes)
     path = fsutil.join(cfg.output, "report.html")
+    before_write()
     fsutil.write_text(spark, path, page)
     return path

@@ -445,19 +445,27 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     t_out = time.time()
     tok = TrainedTokenizer(base, out.merges, list(cfg.special_tokens), cfg.pattern,
                            cfg.lowercase, cfg.normalization, tokenizer_name(cfg))
+    # guard() before each write: a run stalled past its lease (a VM pause, SIGSTOP) while
+    # making one file writes no more over the run that took the directory meanwhile (its
+    # report, stats and config are not hashed in run.json, as the exports are)
     with progress.stage("outputs"):
+        guard()
         notes = write_exports(cfg.output, tok, spark)
         faults.at("outputs")  # tests: a kill here leaves new exports and no run.json
+        guard()
         write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
     t_report = time.time()
     with progress.stage("report"):
         faults.at("report")  # tests: heartbeats while the report is made
-        write_report(spark, cfg, tok, tokens_left, prep.corpus_bytes, prep.total_tokens)
+        write_report(spark, cfg, tok, tokens_left, prep.corpus_bytes, prep.total_tokens,
+                     before_write=guard)
     stages["report"] = round(time.time() - t_report, 3)
     stats = _run_stats(prep, out, tokens_left)
     stages["outputs"] = round(time.time() - t_out, 3)
     stages["total_after_session"] = round(time.time() - t_start, 3)
+    guard()
     fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json(TRAIN))
+    guard()
     fsutil.write_text(spark, fsutil.join(cfg.output, "stats.json"), json.dumps(stats, indent=2))
     guard()  # (a run that lost its lease, or whose spark-submit was killed, publishes nothing)
     spark_session.stop_if_jvm_gone()

@@ -355,6 +355,35 @@ def test_a_lease_lost_before_publishing_publishes_nothing(spark, tmp_path, monke
 
 
 @pytest.mark.spark
+def test_a_run_that_lost_its_lease_while_making_its_report_writes_nothing_more(
+        spark, tmp_path, monkeypatch):
+    """A run stalled past its lease while it made its report (a VM pause): another run took
+    the directory over. The stalled one wrote its report, config.json and stats.json over the
+    new holder's before its check; now it stops at the next file."""
+    from pipeline import report
+    from pipeline import train as train_module
+    from pipeline.config import Config
+
+    run = tmp_path / "run"
+    real = report.render_report
+
+    def stalled(*args, **kwargs):
+        (run / NAME).write_text(json.dumps({"host": "other", "pid": 1, "id": "newer",
+                                            "renewed": 1e12}))  # taken over meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "render_report", stalled)
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": [f"row {i} of some text" for i in range(100)]}),
+                   tmp_path / "in" / "part-0.parquet")
+    with pytest.raises(LeaseHeld, match="took over"):
+        train_module.train(spark, Config(input=str(tmp_path / "in"), output=str(run),
+                                         vocab_size=300, progress_bar=False))
+    written = {p.name for p in run.iterdir()}
+    assert not written & {"report.html", "config.json", "stats.json", "run.json"}, written
+    assert json.loads((run / NAME).read_text())["id"] == "newer"
+
+
 def test_train_counts_its_words_under_their_own_lease(spark, tmp_path):
     """A count_words job writing RUN/words while a training run on RUN starts: the run refuses
     to count into it (naming the holder) and leaves the job's staging directory alone."""
