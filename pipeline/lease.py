@@ -103,8 +103,12 @@ class Lease:
         """Why the holder is gone ('' if it may be alive)."""
         age = _now() - holder["renewed"]
         if age > self.timeout:
-            return f"its last renewal was {age:,.0f} s ago (lease_timeout_seconds = " \
-                   f"{self.timeout:g})"
+            # (unless its file changed since: a holder whose clock is behind this host's, or
+            # this host's clock stepped forward, renews a stamp that looks old)
+            still = self._file_age()
+            if still is None or still[1] > self.timeout:
+                return f"its last renewal was {age:,.0f} s ago (lease_timeout_seconds = " \
+                       f"{self.timeout:g})"
         if age < -self.timeout:  # its host's clock is ahead: the file's own age decides
             still = self._file_age()
             if still is not None and still[1] > self.timeout:
@@ -148,8 +152,9 @@ class Lease:
 
     def _refusal(self, holder: dict, what: str) -> str:
         age = _now() - holder["renewed"]
-        seen = (f"last seen {age:,.0f} s ago" if age >= 0 else
-                f"last renewed by a clock {-age:,.0f} s ahead of this host's")
+        seen = (f"last renewed by a clock {-age:,.0f} s ahead of this host's" if age < 0 else
+                f"last renewed by a clock {age:,.0f} s behind this host's (its file changed "
+                "since)" if age > self.timeout else f"last seen {age:,.0f} s ago")
         return (f"{what} is in use by another {self.purpose} (host {holder.get('host')}, "
                 f"pid {holder.get('pid')}, started {holder.get('started')}, {seen})")
 

@@ -46,9 +46,10 @@ def test_a_gone_holder_is_taken_over_with_a_log_line(tmp_path, caplog):
     assert "its process no longer exists" in caplog.text
     assert json.loads((tmp_path / NAME).read_text())["id"] == lease.me["id"]
     lease.release()
-    # another host that stopped renewing
+    # another host that stopped renewing (its stamp and its file both old)
     (tmp_path / NAME).write_text(json.dumps({
         "host": "elsewhere", "pid": 1, "started": "x", "id": "old", "renewed": 0}))
+    os.utime(tmp_path / NAME, (1, 1))
     Lease(None, str(tmp_path), timeout=60).acquire().release()
     assert "its last renewal was" in caplog.text
     # another host that still renews: refused
@@ -569,6 +570,20 @@ def test_a_lease_stamped_ahead_by_another_host_s_clock_is_judged_by_its_file(tmp
     os.utime(lease_file, (old, old))
     Lease(None, str(tmp_path), timeout=60).acquire().release()
     assert "stamped 1,000,000," in caplog.text and "has not changed for 6" in caplog.text
+
+
+def test_a_lease_stamped_behind_by_a_slow_clock_is_judged_by_its_file(tmp_path):
+    """A renewal stamped more than a timeout in the past, by a holder whose clock is behind
+    (or after this host's clock stepped forward), was taken over at once though the holder
+    renews its file: its file's age decides too."""
+    lease_file = tmp_path / NAME
+    lease_file.write_text(json.dumps({"renewed": time.time() - 3600, "host": "other-host",
+                                      "pid": 1, "started": "then"}))
+    with pytest.raises(LeaseHeld, match=r"last renewed by a clock 3,6\d\d s behind"):
+        Lease(None, str(tmp_path), timeout=60).acquire()
+    old = lease_file.stat().st_mtime - 61
+    os.utime(lease_file, (old, old))
+    Lease(None, str(tmp_path), timeout=60).acquire().release()
 
 
 def test_a_lease_file_is_never_left_half_written(tmp_path):
