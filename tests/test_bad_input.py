@@ -515,13 +515,15 @@ def test_the_first_shard_corrupt_where_spark_reads_the_schema(spark, tmp_path):
                             progress_bar=False))
 
 
-def lake_with_a_file_damaged_part_way(folder) -> None:
-    """part-0.parquet: 200 rows in 4 row groups, the second one's data damaged (its footer
-    reads); part-1.parquet: good rows (after it: their first keys are packed with the row
-    numbers' width, which the damaged file must not set)."""
+def lake_with_a_file_damaged_part_way(folder, damaged_first: bool = False) -> None:
+    """part-0.parquet: good rows; part-1.parquet: 200 rows in 4 row groups, the second one's
+    data damaged (its footer reads). ``damaged_first``: the other way round (the good rows'
+    first keys are then packed with the row numbers' width, which the damaged file must not
+    set)."""
     folder.mkdir()
-    pq.write_table(pa.table({"text": normal_rows()}), folder / "part-1.parquet")
-    bad = folder / "part-0.parquet"
+    good, bad = ("part-1", "part-0") if damaged_first else ("part-0", "part-1")
+    pq.write_table(pa.table({"text": normal_rows()}), folder / f"{good}.parquet")
+    bad = folder / f"{bad}.parquet"
     pq.write_table(pa.table({"text": [f"qzqz vxvx {i}" for i in range(200)]}), bad,
                    row_group_size=50)
     damage_row_group(bad, 1)
@@ -579,7 +581,7 @@ def test_a_file_damaged_part_way_is_left_out_whole_whatever_the_partitioning(spa
     included (the rows other tasks read of it set how wide the good file's were packed)."""
     from pipeline.count.word_count import count_words
 
-    lake_with_a_file_damaged_part_way(tmp_path / "in")
+    lake_with_a_file_damaged_part_way(tmp_path / "in", damaged_first=True)
     tables = []
     for parts in (1, 4):
         out = tmp_path / f"w{parts}"

@@ -470,25 +470,30 @@ def test_a_recount_marks_the_run_incomplete_when_its_table_replaces_the_old(spar
     assert not (run / "run.json").exists()
 
 
+# one occurrence of "cd" (count 3, odd) becomes "ab" (count 2, even): the same length
+MOVED_BEFORE = ["ab", "cd", "cd", "cd", "ab", "xy", "xy", "xy", "xy"]
+MOVED_AFTER = ["ab", "cd", "cd", "ab", "ab", "xy", "xy", "xy", "xy"]
+
+
+def train_rows(spark, src: Path, rows: list[str], out: Path) -> list:
+    """Two merges of ``rows`` (each a word), written as src/part-0.parquet, into ``out``
+    (a checkpoint after each merge)."""
+    pq.write_table(pa.table({"text": rows}), src / "part-0.parquet")
+    return train(spark, Config(input=str(src), output=str(out), vocab_size=258,
+                               pattern="none", special_tokens=[], min_pair_count=1,
+                               checkpoint_every_merges=1, progress_bar=False)).merges
+
+
 def test_an_edit_that_moves_one_count_is_not_served_the_old_merges(spark, tmp_path):
     """One occurrence of "cd" (count 3, odd) becomes "ab" (count 2, even), the same length:
     the old table digest (a linear hash combined by XOR) did not change, so the rerun
     resumed the old corpus's checkpoint and trained (c, d) first instead of (a, b)."""
     src = tmp_path / "in"
     src.mkdir()
-    a = ["ab", "cd", "cd", "cd", "ab", "xy", "xy", "xy", "xy"]
-    b = ["ab", "cd", "cd", "ab", "ab", "xy", "xy", "xy", "xy"]
-
-    def run_on(rows, out):
-        pq.write_table(pa.table({"text": rows}), src / "part-0.parquet")
-        return train(spark, Config(input=str(src), output=str(out), vocab_size=258,
-                                   pattern="none", special_tokens=[], min_pair_count=1,
-                                   progress_bar=False)).merges
-
-    run_on(a, tmp_path / "run")
+    train_rows(spark, src, MOVED_BEFORE, tmp_path / "run")
     os.utime(src / "part-0.parquet", ns=(1, 1))  # the listing changes: a recount
-    again = run_on(b, tmp_path / "run")
-    assert again == run_on(b, tmp_path / "fresh")
+    again = train_rows(spark, src, MOVED_AFTER, tmp_path / "run")
+    assert again == train_rows(spark, src, MOVED_AFTER, tmp_path / "fresh")
     assert [(m.left, m.right) for m in again] == [(ord("x"), ord("y")), (ord("a"), ord("b"))]
 
 
@@ -690,26 +695,17 @@ def test_checkpoints_of_an_older_digest_are_not_taken_for_a_table_counted_since(
 
     src = tmp_path / "in"
     src.mkdir()
-    a = ["ab", "cd", "cd", "cd", "ab", "xy", "xy", "xy", "xy"]
-    b = ["ab", "cd", "cd", "ab", "ab", "xy", "xy", "xy", "xy"]
-
-    def run_on(rows, out):
-        pq.write_table(pa.table({"text": rows}), src / "part-0.parquet")
-        return train(spark, Config(input=str(src), output=str(out), vocab_size=258,
-                                   pattern="none", special_tokens=[], min_pair_count=1,
-                                   checkpoint_every_merges=1, progress_bar=False)).merges
-
     run = tmp_path / "run"
-    run_on(a, run)
+    train_rows(spark, src, MOVED_BEFORE, run)
     old = pq.read_table(run / "words" / "data")
     for path in sorted((run / "checkpoints").glob("merges-*.txt")):  # as the older code wrote
         _, settings, merges, removed = parse(path.read_text(), 256)
         settings["word_table"]["digest"] = legacy_digest(old)
         path.write_text(render(merges, removed, fingerprint_of(settings), settings))
     os.utime(src / "part-0.parquet", ns=(1, 1))  # the listing changes: a recount
-    again = run_on(b, run)
+    again = train_rows(spark, src, MOVED_AFTER, run)
     assert legacy_digest(pq.read_table(run / "words" / "data")) == legacy_digest(old)
-    assert again == run_on(b, tmp_path / "fresh")
+    assert again == train_rows(spark, src, MOVED_AFTER, tmp_path / "fresh")
     assert [(m.left, m.right) for m in again] == [(ord("x"), ord("y")), (ord("a"), ord("b"))]
 
 
