@@ -588,8 +588,22 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
         return
     fs, pf = _fs(spark, final)
     _, pt = _fs(spark, tmp)
-    with _writing(spark, final):
+    with _writing(spark, final):  # (as locally: the old one aside first, back if the move fails)
+        old = None
         if fs.exists(pf):
-            fs.delete(pf, True)
-        if not fs.rename(pt, pf):
-            raise WriteFailed(errno.EIO, f"could not rename {tmp} to it", final)
+            old = _fs(spark, f"{final.rstrip('/')}.old-{uuid.uuid4().hex[:8]}")[1]
+            if not fs.rename(pf, old):
+                raise WriteFailed(errno.EIO, "could not move the old one aside", final)
+        why = ""
+        try:
+            moved = fs.rename(pt, pf)
+        except Exception as exc:
+            moved, why = False, f" ({str(exc).strip().splitlines()[0][:300]})"
+            if old is None:
+                raise
+        if not moved:
+            if old is not None:
+                fs.rename(old, pf)
+            raise WriteFailed(errno.EIO, f"could not rename {tmp} to it{why}", final)
+        if old is not None:
+            fs.delete(old, True)

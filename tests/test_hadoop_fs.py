@@ -52,6 +52,11 @@ def test_file_operations_through_hadoop(spark, tmp_path, via_hadoop):
     fsutil.write_text(spark, fsutil.join(staged, "word_table.json"), "{}\n")
     fsutil.replace_dir(spark, staged, fsutil.join(root, "words"))
     assert names(spark, fsutil.join(root, "words")) == ["word_table.json"]
+    # a move into place that fails leaves the old one (it was deleted first)
+    with pytest.raises(fsutil.WriteFailed):
+        fsutil.replace_dir(spark, fsutil.join(root, "words.tmp-gone"), fsutil.join(root, "words"))
+    assert names(spark, fsutil.join(root, "words")) == ["word_table.json"]
+    assert not [p.name for p in tmp_path.iterdir() if ".old-" in p.name]
     fsutil.write_text(spark, fsutil.join(root, "words.old-99999999", "x"), "")
     assert fsutil.remove_stale_temps(spark, fsutil.join(root, "words")) == [
         fsutil.join(root, "words.old-99999999")]
