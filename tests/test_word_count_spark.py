@@ -101,13 +101,17 @@ def test_word_table_with_split_files(spark, mixed_corpus, naive_mixed, tmp_path,
 def test_dense_first_seen_when_the_packed_key_does_not_fit(spark, mixed_corpus, naive_mixed,
                                                            tmp_path, monkeypatch, merge,
                                                            reader):
-    """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order."""
+    """Past 63 bits of (file, row, rank), first_seen is the dense rank: same order. The
+    Spark merge's sorted frame, cached for its two passes, is released once written (it
+    stayed cached for the rest of the application, beside the training's own caches)."""
     monkeypatch.setattr(FirstSeenLayout, "fit", classmethod(lambda cls, *a: None))
     out = tmp_path / "words"
+    cached = spark.sparkContext._jsc.getPersistentRDDs().size()
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"],
                               count_merge=merge, count_reader=reader))
     assert_word_table(out, naive_mixed, dense=True)
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached
 
 
 @pytest.mark.parametrize("merge", ["driver", "spark"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -81,11 +81,13 @@ class SplitOffsets:
             "s_file int, s_block long, s_offset long")
 
 
-def _dense_rank(sorted_df: DataFrame) -> DataFrame:
+def _dense_rank(sorted_df: DataFrame, held: list[Callable[[], None]] | None = None
+                ) -> DataFrame:
     """Add ``first_seen`` = 0, 1, 2, ... in the (already globally sorted) row order.
 
     The sorted frame is cached first so both passes see the same partitions (adaptive
-    execution may otherwise cut the sort output differently in each job)."""
+    execution may otherwise cut the sort output differently in each job). ``held``: given
+    what releases the cache and the broadcast once the table is written."""
     spark = sorted_df.sparkSession
     sorted_df = sorted_df.persist()
 
@@ -103,6 +105,8 @@ def _dense_rank(sorted_df: DataFrame) -> DataFrame:
         offsets[pid] = acc
         acc += counts[pid]
     bc = spark.sparkContext.broadcast(offsets)
+    if held is not None:
+        held += [lambda: sorted_df.unpersist(blocking=False), lambda: bc.destroy(blocking=False)]
 
     def number(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
@@ -130,9 +134,14 @@ def merge_with_spark(partial: DataFrame, side: list[pa.RecordBatch], n_files: in
     stats = _side_stats(side)
     drop = skipped_file_indices(stats)
     layout, splits = _layout(stats, n_files, drop)
-    table = spark_word_table(partial, layout, splits, drop)
+    held: list[Callable[[], None]] = []  # (dense ranks: a cached frame and a broadcast)
+    table = spark_word_table(partial, layout, splits, drop, held)
     path = fsutil.spark_path(fsutil.join(tmp, "data"))
-    table.write.parquet(path)
+    try:
+        table.write.parquet(path)
+    finally:
+        for release in held:
+            release()
     unique_words = file_reader(table.sparkSession).parquet(path).count()  # (the footers)
     t_done = time.time()
     log.info("merged the partial counts with Spark and wrote them in %.1f s", t_done - t0)
@@ -140,7 +149,8 @@ def merge_with_spark(partial: DataFrame, side: list[pa.RecordBatch], n_files: in
 
 
 def spark_word_table(partial: DataFrame, layout: FirstSeenLayout | None,
-                     splits: SplitOffsets | None, drop: list[int]) -> DataFrame:
+                     splits: SplitOffsets | None, drop: list[int],
+                     held: list[Callable[[], None]] | None = None) -> DataFrame:
     """The word table (``WORD_TABLE_SCHEMA``) of the partial counts' word rows, those of the
     files in ``drop`` left out: keys packed with ``layout`` before the aggregation (a hash
     aggregation), or dense ranks of the struct of the first key when there is no layout."""
@@ -162,7 +172,7 @@ def spark_word_table(partial: DataFrame, layout: FirstSeenLayout | None,
     first = (words.groupBy("word")
              .agg(F.sum("count").alias("count"),
                   F.min(F.struct(*CORPUS_KEY)).alias("first")))
-    return _dense_rank(first.orderBy("first").select("word", "count"))
+    return _dense_rank(first.orderBy("first").select("word", "count"), held)
 
 
 def _layout(stats: dict[str, int], n_files: int, drop: Iterable[int] = ()
