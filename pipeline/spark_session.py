@@ -167,9 +167,6 @@ def default_worker_python(master: str) -> None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
-LOCALITY_WAIT = "1h"
-
-
 def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None = None,
                   deferred: bool = False) -> SparkSession:
     """A session for a job. ``cfg.master`` (the job's own ``--master``) wins over
@@ -182,9 +179,7 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     the user's own log4j config decide). What is set where unset: the application name, the
     web UI (``cfg.spark_ui``: ``auto`` starts it on a cluster master and not in local modes,
     where it costs about 1.5 s per job), Spark's console progress bar off when stderr is not
-    a terminal or ours is drawn there, Arrow for PySpark, ``spark.locality.wait.process``
-    (:data:`LOCALITY_WAIT`: a task of the Spark engine waits for the executor that holds its
-    partition's state), the driver's address from
+    a terminal or ours is drawn there, Arrow for PySpark, the driver's address from
     ``SPARK_LOCAL_IP`` (tests, CI, the quick start bind to loopback), the SQL shuffle
     partitions (``cfg.shuffle_partitions``, explicit, always wins), Hadoop's umask
     (:func:`hadoop_umask_from_process`) and, in local modes, the workers' Python
@@ -216,10 +211,6 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     else:
         options["spark.ui.enabled"] = ui
     default("spark.sql.execution.arrow.pyspark.enabled", "true")
-    # the Spark engine's round tasks must run where their partition's state is (the holder's
-    # cached record): after Spark's 3 s default a busy executor's task went to an idle one,
-    # found no state there, and failed the round (engines/spark.py)
-    default("spark.locality.wait.process", LOCALITY_WAIT)
     if not sys.stderr.isatty() or cfg.progress_bar:  # Spark's \r bar (on for a plain `python
         # jobs/...`, a "shell" to Spark) would garble a log file, or fight ours on a terminal
         default("spark.ui.showConsoleProgress", "false")

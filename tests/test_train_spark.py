@@ -719,16 +719,6 @@ def test_spark_console_bar_stays_out_of_a_log_file(spark):
     assert spark.sparkContext.getConf().get("spark.ui.showConsoleProgress") == "false"
 
 
-def test_the_engines_round_tasks_wait_for_the_executor_holding_their_state(spark):
-    """Spark's 3 s locality wait let a round task of a busy executor run on an idle one,
-    which holds no state for it: the round failed, the states were rebuilt and the round
-    run again (a third such failure ends the run). Where the user left it unset, the wait
-    for a cached block's executor is long."""
-    from pipeline.spark_session import LOCALITY_WAIT
-
-    assert spark.sparkContext.getConf().get("spark.locality.wait.process") == LOCALITY_WAIT
-
-
 def test_a_plain_python_job_draws_no_spark_bar_into_its_log(tmp_path):
     """`python jobs/count_words.py ... 2> log`: Spark marks the application a shell and turns
     its bar on; that is Spark's default, not the user's, so it is off when stderr is not a
