@@ -24,10 +24,10 @@ def main(cfg: Config) -> int:
     from pipeline.spark_session import build_session
     from pipeline.train import summary, train
 
-    t0 = time.time()
+    t0 = time.monotonic()
     spark = build_session(cfg, "spark-bpe train", deferred=True)
     try:
-        result = train(spark, cfg, session_seconds=time.time() - t0)
+        result = train(spark, cfg, session_seconds=time.monotonic() - t0)
         complete = fsutil.exists(spark, fsutil.join(result.run_dir, "run.json"))
     finally:
         spark.stop()

@@ -590,7 +590,7 @@ def encode_corpus(spark: SparkSession, cfg: Config, frame: DataFrame | None = No
     ``frame`` (any DataFrame with ``text_column``) with the run at ``cfg.tokenizer`` into
     ``cfg.output``: check, read, encode into a staging directory, then publish it with
     ``_encode.json``."""
-    t0 = time.time()
+    t0 = time.monotonic()
     with Lease.beside(spark, cfg.output, cfg.lease_timeout_seconds, "encode job") as lease:
         for path in fsutil.remove_stale_temps(spark, cfg.output):
             log.info("removed %s, left by an interrupted encode", path)
@@ -635,7 +635,7 @@ def _encode_and_publish(spark: SparkSession, cfg: Config, plan: EncodePlan, sour
             raise
         raise unreadable from None
     fsutil.check_before_publish(spark, lease.check, tmp, cfg.output)
-    stats["seconds_total"] = round(time.time() - t0, 3)
+    stats["seconds_total"] = round(time.monotonic() - t0, 3)
     stats["engine"] = plan.engine
     stats["io"] = "spark" if source.local is None else "arrow"
     summary = {"format": "spark-bpe encoded corpus", "version": 1,
@@ -799,7 +799,7 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
     acc = sc.accumulator({}, PerTask())
     counts = TaskCounts.create(sc)
     counts.total_rows = source.rows
-    t_enc = time.time()
+    t_enc = time.monotonic()
     try:
         with job_group(sc, "encode") as group, progress.stage(
                 "encode", unit="tasks", poll=read_progress(sc, group, counts),
@@ -819,7 +819,7 @@ def _encode_into(spark: SparkSession, cfg: Config, plan: EncodePlan, source: _So
         raise
     finally:
         counts.close()
-    stats = summarize(acc.value, time.time() - t_enc)
+    stats = summarize(acc.value, time.monotonic() - t_enc)
     if stats["partitions_without_tiktoken"]:
         log.warning("%d partitions ran on executors without tiktoken and used the reference "
                     "encoder (same ids, slower): install tiktoken on the executors",

@@ -75,30 +75,40 @@ def _render(key: str, value: object) -> str:
 
 
 class TerminalBar:
-    """One status line at the bottom of a terminal (stderr), below the log."""
+    """One status line at the bottom of a terminal (stderr), below the log. A write that
+    fails (the terminal closed under a job left running: EIO; a closed stream) ends the bar,
+    never the job: it draws nothing more."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.text = ""
         self.lock = threading.RLock()
+        self.broken = False
+
+    def _write(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):  # (ValueError: I/O operation on a closed file)
+            self.broken = True
+            self.text = ""
 
     def show(self, text: str) -> None:
         with self.lock:
             self.text = text
-            self.stream.write("\r\x1b[K" + text)
-            self.stream.flush()
+            self._write("\r\x1b[K" + text)
 
     def clear(self) -> None:
         with self.lock:
             if self.text:
-                self.stream.write("\r\x1b[K")
-                self.stream.flush()
+                self._write("\r\x1b[K")
 
     def redraw(self) -> None:
         with self.lock:
             if self.text:
-                self.stream.write(self.text)
-                self.stream.flush()
+                self._write(self.text)
 
     def close(self) -> None:
         with self.lock:
@@ -158,7 +168,7 @@ class Stage:
         self.recent_eta = recent_eta
         # (time, done) of the recent beats, those the recent rate may be measured from
         self.points: list[tuple[float, float]] = []
-        self.t0 = time.time()
+        self.t0 = time.monotonic()
         # (time, done) the rate is measured from; ``start`` was done before this attempt
         # (merges from a checkpoint): not in the rate
         self.rate_from: tuple[float, float] = (self.t0, start)
@@ -182,7 +192,7 @@ class Stage:
         """A heartbeat if ``every`` seconds have passed since the last one, claimed under the
         lock (the ticker and ``update`` must not both beat for the same interval)."""
         with self.lock:
-            now = time.time()
+            now = time.monotonic()
             if now - self.last_beat < self.progress.every:
                 return
             self.last_beat = now
@@ -191,7 +201,7 @@ class Stage:
     def restart_rate(self) -> None:
         """Measure the rate (and the ETA) from now: what came before was set-up."""
         with self.lock:
-            self.rate_from = (time.time(), self.done or 0)
+            self.rate_from = (time.monotonic(), self.done or 0)
             self.points = []
 
     def beat(self, event: str = "beat", poll: bool = True) -> None:
@@ -207,7 +217,7 @@ class Stage:
                     self.rate_from = fresh.pop("rate_from", self.rate_from)
                     self.fields.update(fresh)
         with self.lock:
-            self.last_beat = now = time.time()
+            self.last_beat = now = time.monotonic()
             elapsed = now - self.t0
             rec: dict = {"stage": self.name, "event": event, "elapsed": round(elapsed, 1)}
             parts = []
@@ -454,20 +464,20 @@ class Progress:
         previous, _current_stage = _current_stage, name
         _stage_changed()
         self.stages.append(st)
-        st.beat("start")
         stop = threading.Event()
 
         def tick() -> None:  # only the innermost running stage beats
             # wake when the next beat is due (a forced beat moves it), at least every/2
             while not stop.wait(min(self.every / 2,
-                                    max(0.01, st.last_beat + self.every - time.time()))):
+                                    max(0.01, st.last_beat + self.every - time.monotonic()))):
                 stages = self.stages  # (a failed stage is removed without a join)
                 if stages and stages[-1] is st:
                     st.beat_if_due()
 
         ticker = threading.Thread(target=tick, name=f"spark-bpe-progress-{name}", daemon=True)
-        ticker.start()
         try:
+            st.beat("start")
+            ticker.start()
             yield st
         except BaseException as exc:  # the stage stays current: error messages name it
             stop.set()

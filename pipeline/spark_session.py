@@ -690,11 +690,11 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
     def jobs() -> frozenset[int]:
         return frozenset(tracker.getJobIdsForGroup(group))
 
-    state: dict = {"began": time.time(), "read_began": None, "read_seconds": None,
+    state: dict = {"began": time.monotonic(), "read_began": None, "read_seconds": None,
                    "before_read": frozenset(), "before_phase": frozenset(), "read_jobs": None}
 
     def on_phase(name: str | None) -> None:
-        now, known = time.time(), jobs()
+        now, known = time.monotonic(), jobs()
         if name is None:  # the reading ended, no phase follows (TaskCounts.end_reading)
             if state["read_seconds"] is None and state["read_began"] is not None:
                 state.update(read_seconds=now - state["read_began"],
@@ -717,7 +717,7 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
         t = reading()
         rows, nbytes, running = counts.progress()
         read_began = state["read_began"] or state["began"]
-        seconds = state["read_seconds"] or time.time() - read_began
+        seconds = state["read_seconds"] or time.monotonic() - read_began
         out: dict = {"tasks": f"{t['done']}/{t.get('total', '?')}",
                      "running": t["running"] if running is None else max(running, t["running"]),
                      "rows": rows, "bytes_read": nbytes,
@@ -730,7 +730,7 @@ def read_progress(sc: SparkContext, group: str, counts: TaskCounts) -> Callable[
                        tasks=None, rate_from=(state["began"], 0), note=counts.phase)
         elif state["read_seconds"] is not None:  # the end: what was read, at what rate
             out.update(unit="rows", done=rows, total=counts.total_rows, rows=None,
-                       running=None, rate_from=(time.time() - seconds, 0))
+                       running=None, rate_from=(time.monotonic() - seconds, 0))
             if t.get("total"):  # (its jobs have ended: Spark's tracker may not know it yet)
                 out["tasks"] = f"{t['total']}/{t['total']}"
         elif counts.total_rows:

@@ -316,7 +316,7 @@ class MergeLog:
         self.merges: list[Merge] = list(prep.prior)
         self.removed: list[int] = list(prep.prior_removed)
         self.vocab = vocab_bytes(prep.base, self.merges)
-        self.last_checkpoint = time.time()
+        self.last_checkpoint = time.monotonic()
 
     def __len__(self) -> int:
         return len(self.merges)
@@ -346,9 +346,9 @@ class MergeLog:
         since = len(self.merges) - max(self.ckpt.last_written, 0)
         if force or since >= self.cfg.checkpoint_every_merges or (
                 since > 0
-                and time.time() - self.last_checkpoint >= self.cfg.checkpoint_every_seconds):
+                and time.monotonic() - self.last_checkpoint >= self.cfg.checkpoint_every_seconds):
             self.ckpt.save(self.merges, self.removed)
-            self.last_checkpoint = time.time()
+            self.last_checkpoint = time.monotonic()
 
 
 @dataclass
@@ -364,7 +364,7 @@ def make_merges(spark: SparkSession, prep: Prepared, progress: Progress,
                 guard: Callable[[], None] = lambda: None) -> MergeOutcome:
     """Stage 2: the merges, by the chosen engine (Spark rounds may hand off to the driver).
     ``guard`` is called before every checkpoint: it raises when the run lost its lease."""
-    cfg, t0 = prep.cfg, time.time()
+    cfg, t0 = prep.cfg, time.monotonic()
     rounds, handoff_at = RoundStats(), None
     with progress.stage("merges", total=prep.target, unit="merges", start=len(prep.prior),
                         recent_eta=True, engine=prep.engine) as stage:
@@ -387,7 +387,7 @@ def make_merges(spark: SparkSession, prep: Prepared, progress: Progress,
                 lt.replay(mlog.merges)
             _train_local(lt, mlog, cfg)
         mlog.checkpoint(force=True)
-    return MergeOutcome(mlog.merges, mlog.removed, rounds, handoff_at, time.time() - t0)
+    return MergeOutcome(mlog.merges, mlog.removed, rounds, handoff_at, time.monotonic() - t0)
 
 
 def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
@@ -400,7 +400,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
                             replay=[(m.left, m.right) for m in mlog.merges])
     mlog.stage.restart_rate()
     mlog.stage.update(note="")  # rounds now
-    t0 = time.time()
+    t0 = time.monotonic()
     try:
         faults.at("spark_rounds")  # tests: a kill while the executors hold partition states
         res = run_rounds(
@@ -410,7 +410,7 @@ def _spark_rounds(spark: SparkSession, prep: Prepared, mlog: MergeLog
             on_round=lambda new, removed, _: mlog.extend(new, removed),
         )
         log.info("spark rounds: %d rounds, %d merges in %.1f s; %d partition states built "
-                 "for %d partitions", res.stats.rounds, len(res.merges), time.time() - t0,
+                 "for %d partitions", res.stats.rounds, len(res.merges), time.monotonic() - t0,
                  parts.states_built, len(parts.parts))
         rest = parts.collect() if not res.finished and mlog.wanted > 0 else None
     finally:
@@ -442,7 +442,7 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
     stages["merges"] = round(out.seconds, 3)
     tokens_left = (prep.total_tokens
                    - np.cumsum(np.asarray(out.removed, dtype=np.int64))).tolist()
-    t_out = time.time()
+    t_out = time.monotonic()
     tok = TrainedTokenizer(base, out.merges, list(cfg.special_tokens), cfg.pattern,
                            cfg.lowercase, cfg.normalization, tokenizer_name(cfg))
     # guard() before each write: a run stalled past its lease (a VM pause, SIGSTOP) while
@@ -454,15 +454,15 @@ def publish(spark: SparkSession, prep: Prepared, out: MergeOutcome, progress: Pr
         faults.at("outputs")  # tests: a kill here leaves new exports and no run.json
         guard()
         write_trace(fsutil.join(cfg.output, "trace.tsv"), tok, tokens_left, spark)
-    t_report = time.time()
+    t_report = time.monotonic()
     with progress.stage("report"):
         faults.at("report")  # tests: heartbeats while the report is made
         write_report(spark, cfg, tok, tokens_left, prep.corpus_bytes, prep.total_tokens,
                      before_write=guard)
-    stages["report"] = round(time.time() - t_report, 3)
+    stages["report"] = round(time.monotonic() - t_report, 3)
     stats = _run_stats(prep, out, tokens_left)
-    stages["outputs"] = round(time.time() - t_out, 3)
-    stages["total_after_session"] = round(time.time() - t_start, 3)
+    stages["outputs"] = round(time.monotonic() - t_out, 3)
+    stages["total_after_session"] = round(time.monotonic() - t_start, 3)
     guard()
     fsutil.write_text(spark, fsutil.join(cfg.output, "config.json"), cfg.to_json(TRAIN))
     guard()
@@ -527,7 +527,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     a :class:`DeferredSession`: runs that need Spark SQL start creating it at once, in the
     background; others may never create it. ``frame``: train on this DataFrame's
     ``text_column`` instead of ``cfg.input`` (``pipeline.api``)."""
-    t_start = time.time()
+    t_start = time.monotonic()
     # saved absolute in config.json: a rerun from another directory must tell its file apart
     cfg.report_sample = fsutil.absolute_local(cfg.report_sample)
     inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None

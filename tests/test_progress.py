@@ -228,7 +228,7 @@ def test_the_rate_restarts_after_set_up_and_a_poll_can_restart_it(tmp_path):
     beat = [json.loads(x) for x in jsonl.read_text().splitlines()][1]
     assert beat["rate"] >= 300 and beat["eta"] <= 3  # not 100 / 0.8 s, ETA 7 s
     phases = iter([{"done": 50, "total": 100},  # the reading, since the stage began
-                   {"done": 5, "total": 10, "rate_from": (time.time() + 0.3, 0)}])
+                   {"done": 5, "total": 10, "rate_from": (time.monotonic() + 0.3, 0)}])
     polled = Progress("test", str(tmp_path / "p2.jsonl"), every=10, bar=False)
     with polled.stage("count", unit="tasks", poll=lambda: next(phases)) as st:
         time.sleep(0.3)
@@ -505,3 +505,57 @@ def test_a_closed_whole_file_sink_ends_its_writer_thread():
         assert store.events()[-1] == ("train", "end")
     assert until(lambda: {t for t in threading.enumerate()
                           if t.name == "spark-bpe-progress-file"} <= before)
+
+
+class _DeadTerminal(io.StringIO):
+    """A terminal closed under a job left running: every write fails with EIO."""
+
+    def write(self, text: str) -> int:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_terminal_that_fails_ends_the_bar_not_the_stage(tmp_path, monkeypatch, caplog):
+    """A job started on a terminal, then left running when the terminal closed: the bar's
+    writes fail (EIO). The stage goes on, ends, and a stage's own error stays its error."""
+    dead = _DeadTerminal()
+    monkeypatch.setattr(progress_mod, "_bar", None)  # (restored whatever happens)
+    monkeypatch.setattr(progress_mod.sys, "stderr", type("Tty", (), {
+        "isatty": staticmethod(lambda: True), "write": dead.write, "flush": dead.flush})())
+    prog = Progress("test", str(tmp_path / "progress.jsonl"), every=10, bar=True)
+    assert prog.bar is not None
+    handler = BarAwareHandler(io.StringIO())
+    logging.getLogger().addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="pipeline.progress"):
+            with prog.stage("merges", total=10, unit="merges") as st:
+                st.update(5, force=True)
+                log_line = logging.getLogger("pipeline.test")
+                log_line.warning("a log line while the bar is up")
+            with pytest.raises(KeyError), prog.stage("count", total=4, unit="tasks") as st:
+                st.update(1, force=True)
+                raise KeyError("the stage's own error")
+        prog.close()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert "merges: done in" in caplog.text and "count: failed after" in caplog.text
+    assert prog.bar.broken
+
+
+def test_heartbeats_and_times_follow_a_steady_clock_not_the_wall_clock(tmp_path, monkeypatch):
+    """The wall clock stepped back an hour (NTP) mid-stage: heartbeats keep coming every
+    interval (they stopped for the hour) and the stage's time is not negative."""
+    steady, wall = [1000.0], [5000.0]
+    fake = type("FakeTime", (), {"time": staticmethod(lambda: wall[0]),
+                                 "monotonic": staticmethod(lambda: steady[0]),
+                                 "sleep": staticmethod(time.sleep)})
+    monkeypatch.setattr(progress_mod, "time", fake)
+    jsonl = tmp_path / "progress.jsonl"
+    prog = Progress("test", str(jsonl), every=5, bar=False)
+    with prog.stage("merges", total=100, unit="merges") as st:
+        for done in range(1, 11):
+            steady[0] += 6
+            wall[0] += 6 if done != 5 else -3600
+            st.update(done)
+    events = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert sum(e["event"] == "beat" for e in events) == 10
+    assert events[-1]["event"] == "end" and events[-1]["elapsed"] == 60

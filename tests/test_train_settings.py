@@ -151,7 +151,7 @@ def test_the_merge_log_checkpoints_after_checkpoint_every_seconds(monkeypatch):
     from pipeline.bpe import Merge, bytes_vocab
 
     now = [1000.0]
-    monkeypatch.setattr(train_mod.time, "time", lambda: now[0])
+    monkeypatch.setattr(train_mod.time, "monotonic", lambda: now[0])
     ckpt = RecordingCheckpointer()
     saved = ckpt.saved
     cfg = Config(checkpoint_every_merges=1000, checkpoint_every_seconds=5)

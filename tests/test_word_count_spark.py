@@ -642,19 +642,19 @@ def test_a_count_heartbeat_counts_the_tasks_of_its_phase_only(spark):
         poll = read_progress(sc, group, counts)
         sc.parallelize(range(4), 4).count()  # a warm-up job, before the reading
         before = settled(poll, {"done": 4})
-        read_from = time.time()
+        read_from = time.monotonic()
         counts.begin("")
         sc.parallelize(range(3), 3).count()  # the reading
         reading = settled(poll, {"done": 3})
         counts.begin("merging the partial counts (spark)")
-        read_seconds = time.time() - read_from
+        read_seconds = time.monotonic() - read_from
         merge_started = poll()
         sc.parallelize(range(2), 2).count()
         merging = settled(poll, {"done": 2})
         time.sleep(1.5)
         counts.phase = ""
         end = poll()
-        end_span = time.time() - end["rate_from"][0]  # the rate of the end line is over it
+        end_span = time.monotonic() - end["rate_from"][0]  # the rate of the end line is over it
     assert (before["done"], before["total"]) == (4, None)  # not the reading: no share of all
     assert (reading["unit"], reading["done"], reading["total"]) == ("tasks", 3, 3)
     assert (merge_started["done"], merge_started["total"]) == (0, None)  # no share of all

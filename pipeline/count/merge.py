@@ -143,7 +143,7 @@ def merge_with_spark(partial: DataFrame, side: list[pa.RecordBatch], n_files: in
         for release in held:
             release()
     unique_words = file_reader(table.sparkSession).parquet(path).count()  # (the footers)
-    t_done = time.time()
+    t_done = time.monotonic()
     log.info("merged the partial counts with Spark and wrote them in %.1f s", t_done - t0)
     return stats, unique_words, t_done
 

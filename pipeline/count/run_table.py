@@ -46,7 +46,7 @@ def word_table_for(spark: SparkSession, cfg: Config, progress: Progress,
     """The word table: the one given (--words, trusted as given), or the run's own, counted
     from --input and reused by a later run only while the input's fingerprint (file listing,
     sizes, modification times, footer row counts) and the split settings still match."""
-    t0 = time.time()
+    t0 = time.monotonic()
     unused = unused_with_words(cfg)
     if unused:
         log.warning("%s not used: --words gives a word table, already counted (they apply to "
@@ -121,7 +121,7 @@ def _own_word_table(spark: SparkSession, cfg: Config, progress: Progress,
     wt = count_words(spark, sub, progress, frame, lease,
                      (lambda new: invalidate_run()) if republish
                      else _unless_the_same(spark, own, invalidate_run))
-    return WordTableChoice(wt, time.time() - t0)
+    return WordTableChoice(wt, time.monotonic() - t0)
 
 
 def _unless_the_same(spark: SparkSession, own: str, invalidate_run: Callable[[], None]

@@ -425,7 +425,7 @@ def count_words(spark: SparkSession, cfg: Config, progress: Progress | None = No
     at ``cfg.output`` (or with None before writing starts, where the table is written in
     place: an object store), so that a failed count leaves everything as it was (a run's
     ``run.json`` is removed there when the table changes)."""
-    t0 = time.time()
+    t0 = time.monotonic()
     check_replaceable(spark, cfg.output)
     own_progress = progress is None
     progress = progress or Progress("count_words", jsonl_at(spark, cfg.progress_file),
@@ -603,7 +603,7 @@ def _merge(job: _CountJob, partials: Partials, n_files: int, tmp: str, reader: s
         partials.largest,
         driver_fetch_limit(conf, rows=partials.frame is not None) if partials.through_jvm
         else None)
-    t_counted = time.time()
+    t_counted = time.monotonic()
     log.info("counted in %.1f s (%s); %s", t_counted - job.t0, reader, why)
     counts.begin(f"merging the partial counts ({where})")
     if where == "driver":
@@ -619,7 +619,7 @@ def _merge(job: _CountJob, partials: Partials, n_files: int, tmp: str, reader: s
         else:
             merged, stats = merge_partials(collected, n_files)
             del collected
-            t_count = time.time()
+            t_count = time.monotonic()
             log.info("merged the partial counts on the driver in %.1f s", t_count - t_counted)
             write_table_data(spark, merged, fsutil.join(tmp, "data"))
             return merged, stats, merged.num_rows, t_count
@@ -638,7 +638,7 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
     finally:
         partials.release()
     if merged is not None:  # (a Spark merge writes the table as it aggregates)
-        log.info("wrote the word table in %.1f s", time.time() - t_count)
+        log.info("wrote the word table in %.1f s", time.monotonic() - t_count)
     stats["unique_words"] = unique_words
     stats["files_of_null_text"] = _files_of_nulls(stats, files)
     if stats["files_of_null_text"]:
@@ -662,7 +662,7 @@ def _count_into(job: _CountJob, source: _Input, tmp: str) -> WordTable:
             f"({stats.get('rows', 0)} rows, {stats.get('null_rows', 0)} null, "
             f"{stats.get('empty_rows', 0)} empty): nothing to train on"
         )
-    stats["seconds"] = round(time.time() - job.t0, 3)
+    stats["seconds"] = round(time.monotonic() - job.t0, 3)
     stats["files"] = len(files)
     origin = {**source_meta(cfg), "input_fingerprint": source.fingerprint, "files": len(files),
               "input": absolute_sources(cfg.input)}  # (a rerun from elsewhere: the same input)

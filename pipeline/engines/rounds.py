@@ -130,16 +130,16 @@ def run_rounds(
     while len(merges) < target_merges:
         if stop_when(tokens):
             break
-        t0 = time.time()
+        t0 = time.monotonic()
         batch = book.select_batch(max_batch, target_merges - len(merges), min_pair_count,
                                   parts.min_positions)
         if not batch:
             finished = True
             break
         plan = [(m.left, m.right, m.new_id) for m in batch]
-        t_job = time.time()
+        t_job = time.monotonic()
         rep = parts.run_round(plan)
-        stats.job_seconds.append(time.time() - t_job)
+        stats.job_seconds.append(time.monotonic() - t_job)
         stats.work_seconds.append(rep.work)
         book.apply(rep)
         new = batch
@@ -149,7 +149,7 @@ def run_rounds(
         tokens = rep.tokens
         stats.rounds += 1
         stats.merges_per_round.append(len(batch))
-        stats.seconds_per_round.append(time.time() - t0)
+        stats.seconds_per_round.append(time.monotonic() - t0)
         stats.working_set_tokens.append(rep.tokens)
         stats.refresh_jobs = book.refreshes
         if on_round is not None:

@@ -160,8 +160,8 @@ class SparkPartitions:
         then as long as a killed task's Python worker may still run before Spark kills it
         (``spark.python.task.killTimeout``: the JVM reports the task killed at once)."""
         tracker = self.sc.statusTracker()
-        end = time.time() + timeout
-        while time.time() < end and any(
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and any(
                 (info := tracker.getStageInfo(s)) is not None and info.numActiveTasks
                 for s in tracker.getActiveStageIds()):
             time.sleep(0.2)
