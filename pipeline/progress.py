@@ -116,6 +116,24 @@ class TerminalBar:
             self.text = ""
 
 
+def stderr_reaches_a_terminal() -> bool:
+    """Whether what this process writes to stderr shows on a terminal: stderr is one, or,
+    under spark-submit (``PYSPARK_GATEWAY_PORT`` set: this driver is the JVM's child, its
+    stderr merged into a pipe the JVM copies to its own stdout), the JVM's stdout is one."""
+    try:
+        if sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):  # (replaced by an object without it, or closed)
+        return False
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return False
+    try:
+        jvm_out = os.path.realpath(f"/proc/{os.getppid()}/fd/1")
+    except OSError:  # (no /proc: not Linux; the JVM's stdout cannot be looked at)
+        return False
+    return jvm_out.startswith(("/dev/pts/", "/dev/tty"))
+
+
 _bar: TerminalBar | None = None
 
 
@@ -425,7 +443,7 @@ class Progress:
                 log.warning("cannot write %s (%s); heartbeats go to the log only", jsonl,
                             exc.strerror)
                 self.jsonl = None
-        self.bar = TerminalBar() if bar and sys.stderr.isatty() else None
+        self.bar = TerminalBar() if bar and stderr_reaches_a_terminal() else None
         if self.bar is not None:
             _bar = self.bar
 
@@ -433,6 +451,8 @@ class Progress:
         rec = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "job": self.job, **rec}
         with self.lock:
+            if self.bar is not None and rec["event"] in ("end", "error"):
+                self.bar.close()  # (not redrawn under the stage's last line)
             log.info(text)
             if self.whole_file is not None:
                 self.whole_file.add(json.dumps(rec, default=str), rec["event"] == "beat",

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from pipeline import fsutil
 from pipeline.config import Config, ConfigError
+from pipeline.progress import stderr_reaches_a_terminal
 
 _settings: dict[str, str] = {}  # the Spark settings of the session built last
 
@@ -211,8 +212,8 @@ def build_session(cfg: Config, app_name: str, extra_conf: dict[str, str] | None 
     else:
         options["spark.ui.enabled"] = ui
     default("spark.sql.execution.arrow.pyspark.enabled", "true")
-    if not sys.stderr.isatty() or cfg.progress_bar:  # Spark's \r bar (on for a plain `python
-        # jobs/...`, a "shell" to Spark) would garble a log file, or fight ours on a terminal
+    if not stderr_reaches_a_terminal() or cfg.progress_bar:  # Spark's \r bar (on for a
+        # plain `python jobs/...`, a "shell" to Spark) would garble a log, or fight ours
         default("spark.ui.showConsoleProgress", "false")
     local_ip = os.environ.get("SPARK_LOCAL_IP")
     if local_ip:

@@ -559,3 +559,51 @@ def test_heartbeats_and_times_follow_a_steady_clock_not_the_wall_clock(tmp_path,
     events = [json.loads(x) for x in jsonl.read_text().splitlines()]
     assert sum(e["event"] == "beat" for e in events) == 10
     assert events[-1]["event"] == "end" and events[-1]["elapsed"] == 60
+
+
+@pytest.mark.parametrize("jvm_stdout", ["terminal", "pipe"])
+def test_under_spark_submit_the_bar_follows_the_jvms_stdout(monkeypatch, jvm_stdout):
+    """Under spark-submit the driver's stderr is a pipe the JVM copies to its own stdout: the
+    bar is drawn when that is a terminal (it never was), not when it is a pipe or a file."""
+    import os
+    import subprocess
+
+    master, slave = os.openpty()
+    out = slave if jvm_stdout == "terminal" else subprocess.PIPE
+    jvm = subprocess.Popen(["sleep", "30"], stdout=out)  # stands in for the parent JVM
+    try:
+        monkeypatch.setattr(progress_mod.sys, "stderr", io.StringIO())  # a pipe: no tty
+        monkeypatch.setattr(progress_mod.os, "getppid", lambda: jvm.pid)
+        monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+        assert not progress_mod.stderr_reaches_a_terminal()  # not under spark-submit
+        monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "12345")
+        assert progress_mod.stderr_reaches_a_terminal() == (jvm_stdout == "terminal")
+        monkeypatch.setattr(progress_mod, "_bar", None)
+        prog = Progress("test", None, bar=True)
+        assert (prog.bar is not None) == (jvm_stdout == "terminal")
+        prog.close()
+    finally:
+        jvm.kill()
+        jvm.wait()
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_finished_stage_leaves_no_bar_behind_its_last_line(monkeypatch, caplog):
+    """The end line of a stage clears its bar for good: it was redrawn, stale, under it."""
+    term = io.StringIO()
+    monkeypatch.setattr(progress_mod, "_bar", None)
+    monkeypatch.setattr(progress_mod.sys, "stderr", type("Tty", (), {
+        "isatty": staticmethod(lambda: True), "write": term.write, "flush": term.flush})())
+    handler = BarAwareHandler(io.StringIO())
+    logging.getLogger("pipeline.progress").addHandler(handler)
+    try:
+        prog = Progress("test", None, every=10, bar=True)
+        with caplog.at_level(logging.INFO, logger="pipeline.progress"), \
+                prog.stage("merges", total=10, unit="merges") as st:
+            st.update(5, force=True)
+        shown = term.getvalue()
+        prog.close()
+    finally:
+        logging.getLogger("pipeline.progress").removeHandler(handler)
+    assert shown.count("] merges 50%") == 1, repr(shown)  # shown once, not redrawn stale
