@@ -92,7 +92,7 @@ def measure_sample(tok: TrainedTokenizer, texts: Sequence[str | bytes], label: s
         counts.update(pre.words(text))
     words = list(counts)
     weights = np.fromiter(counts.values(), dtype=np.int64, count=len(words))
-    flat, lengths = _symbols(tok.base, words)
+    flat, lengths = _symbols(tok.base, words, unknown=len(tok.vocab))
     total_bytes = int(sum(len(word_bytes(w)) * c for w, c in counts.items()))
     vocab = _text_vocab(tok)  # (a chars run's end-of-word suffix is no text)
     tok_len = np.array([len(t) for t in vocab] + [1], dtype=np.int64)  # last: unknown char
@@ -150,8 +150,9 @@ def merge_ranks_applied(flat: np.ndarray, lengths: np.ndarray, weights: np.ndarr
     return removed, final_ids, per_word_arr
 
 
-def _symbols(base: BaseVocab, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    unknown = base.size + 10**6  # never part of a merge; counts as one byte in the histogram
+def _symbols(base: BaseVocab, words: list[str], unknown: int) -> tuple[np.ndarray, np.ndarray]:
+    """The initial symbols of ``words``; a character the base has not (a chars run) is
+    ``unknown``, an id past every token (never part of a merge; one byte in the histogram)."""
     flat, lengths = initial_symbols(base, pa.array(map(word_bytes, words), pa.binary()), unknown)
     return flat.astype(np.int32), lengths
 
@@ -397,7 +398,7 @@ def render_report(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_byte
             f'<p class="sub">Byte-pair encoding run report · {time.strftime("%Y-%m-%d %H:%M")}'
             "</p>",
             *_summary_section(tok, tokens_left, corpus_bytes, corpus_tokens, sample),
-            *(f'<p class="note">{e(n)}</p>' for n in notes),
+            *(f'<p class="note">{e(_shown(n))}</p>' for n in notes),
             *_trace_section(tok, tokens_left),
             *_compression_section(tokens_left, corpus_bytes, corpus_tokens, sample),
             *_lengths_section(tok, sample),
@@ -417,7 +418,7 @@ def _summary_section(tok: TrainedTokenizer, tokens_left: Sequence[int], corpus_b
         ("vocabulary", f"{len(tok.vocab) + len(tok.special_tokens):,} = {tok.base.size:,} "
                        f"base ({tok.base.alphabet}) + {len(tok.merges):,} merges + "
                        f"{len(tok.special_tokens)} special"),
-        ("split pattern", tok.pattern if len(tok.pattern) < 40 else "custom regex"),
+        ("split pattern", _shown(tok.pattern) if len(tok.pattern) < 40 else "custom regex"),
         ("special tokens", ", ".join(map(_shown, tok.special_tokens)) or "none"),
         ("normalization", f"{tok.normalization}{', lowercase' if tok.lowercase else ''}"),
         ("training corpus", f"{corpus_bytes:,} bytes in words; {corpus_tokens:,} → "
@@ -471,14 +472,14 @@ def _compression_section(tokens_left: Sequence[int], corpus_bytes: int, corpus_t
                        "#e0702b", sample.curve))
     out = ["<h2>Compression</h2>", line_chart(series, "merges", "bytes per token")]
     if sample is not None:
-        out.append(f'<p class="meta">Sample: {html.escape(sample.label)}.</p>')
+        out.append(f'<p class="meta">Sample: {html.escape(_shown(sample.label))}.</p>')
     return out
 
 
 def _lengths_section(tok: TrainedTokenizer, sample: SampleStats | None) -> list[str]:
-    vocab = tok.vocab
+    vocab, text = tok.vocab, _text_vocab(tok)  # (lengths of text, as the sample's are)
     cats = [str(i) for i in range(1, LONG_TOKEN)] + [f"{LONG_TOKEN}+"]
-    vlen = Counter(min(len(t), LONG_TOKEN) for t in vocab)
+    vlen = Counter(min(len(t), LONG_TOKEN) for t in text if t)
     nv = sum(vlen.values()) or 1
     hist = [("vocabulary tokens", "#2f6fdf", [vlen.get(i, 0) / nv
                                                 for i in range(1, LONG_TOKEN + 1)])]
@@ -488,7 +489,7 @@ def _lengths_section(tok: TrainedTokenizer, sample: SampleStats | None) -> list[
                      [sample.length_hist.get(i, 0) / ns for i in range(1, LONG_TOKEN + 1)]))
     out = ["<h2>Token lengths</h2>",
            bar_chart(cats, hist, "share of tokens by length in bytes")]
-    longest = sorted(range(tok.base.size, len(vocab)), key=lambda i: -len(vocab[i]))[:8]
+    longest = sorted(range(tok.base.size, len(vocab)), key=lambda i: -len(text[i]))[:8]
     if longest:
         out.append('<p class="meta">Longest tokens: ' + " ".join(_tok_cell(vocab[i])
                                                                   for i in longest) + "</p>")
@@ -650,6 +651,11 @@ def write_report(spark, cfg, tok: TrainedTokenizer, tokens_left: Sequence[int],
         texts, label, held_out = _sample_texts(spark, cfg)
         if texts:
             sample = measure_sample(tok, texts, label, held_out)
+        elif cfg.words and not cfg.report_sample and cfg.report_sample_rows > 0:
+            notes.append("no sample in this report: the run trained from a word table "
+                         "(words), which holds no text to sample; give report_sample "
+                         "(--report-sample PATH, Parquet of held-out text) for a "
+                         "compression curve and examples")
     except Exception as exc:  # noqa: BLE001 - the report must not fail a finished run
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         notes.append(f"no sample in this report: could not read "

@@ -243,3 +243,34 @@ def test_odd_samples_render_truthfully(tmp_path):
     assert b"".join(shown) == b"ab ba aab"  # the text, no suffix bytes
     sample = measure_sample(chars, ["ab ba aab"], "sample")
     assert sample.bytes == 9 and max(sample.length_hist) == 1  # ("a</w>": 1 byte of text)
+
+
+def test_lengths_labels_and_notes_found_by_review(tmp_path, monkeypatch):
+    """A chars run's vocabulary histogram counted its end-of-word suffix as text ("a</w>": 5
+    bytes) while the sample's beside it did not; a sample label or a note with a lone
+    surrogate (a path decoded with surrogateescape) made the page unwritable as UTF-8 and
+    failed a finished run; a run from a word table said nothing about its missing sample."""
+    from pipeline import report as report_mod
+    from pipeline.bpe import BaseVocab, Merge
+    from pipeline.outputs import TrainedTokenizer
+
+    base = BaseVocab("chars", [b"a", b"b", b" ", b"</w>"], "</w>")
+    chars = TrainedTokenizer(base, [Merge(0, 3, 4, 5), Merge(1, 3, 5, 3)], [], "gpt2")
+    shares = {}
+    monkeypatch.setattr(report_mod, "bar_chart",
+                        lambda cats, series, label: shares.update(series[0:1] and
+                                                                  {"v": series[0][2]}) or "")
+    report_mod._lengths_section(chars, None)
+    assert shares["v"][0] == 1.0  # a, b, space, a</w>, b</w>: one byte of text each
+
+    sample = measure_sample(chars, ["ab ba"], "rows of data/caf\udce9")
+    page = render_report(chars, [5, 4], 5, 5, sample, title="run",
+                         notes=["could not read data/caf\udce9: no such file"])
+    page.encode("utf-8")  # (raised: surrogates not allowed)
+    assert "caf\\udce9" in page
+
+    monkeypatch.setattr(report_mod.fsutil, "write_text",
+                        lambda spark, path, text: shares.update(page=text))
+    cfg = Config(words=str(tmp_path / "words"), output=str(tmp_path / "run"))
+    write_report(None, cfg, chars, [5, 4], 5, 5)
+    assert "trained from a word table" in shares["page"] and "report_sample" in shares["page"]
