@@ -91,13 +91,19 @@ class Lease:
     def _read(self) -> dict | None:
         """The holder's record; None when the file is not there or cannot be read as one (not
         JSON, or JSON of another shape: it then counts as unreadable, taken over once old)."""
+        return self._read_or_why()[0]
+
+    def _read_or_why(self) -> tuple[dict | None, str]:
+        """(the holder's record or None, why it could not be read: '' when the file is not
+        there or is not a lease record; the error when the storage failed to read it, which
+        says nothing about who holds it: a store's 503, a timeout)."""
         try:
             holder = json.loads(fsutil.read_text(self.spark, self.path))
-        except (OSError, ValueError):
-            return None
-        except Exception:  # noqa: BLE001 - a Hadoop FileNotFoundException through py4j
-            return None
-        return holder if _well_formed(holder) else None
+        except (FileNotFoundError, ValueError):
+            return None, ""
+        except Exception as exc:  # noqa: BLE001 - an OSError, or a Hadoop one through py4j
+            return None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return (holder, "") if _well_formed(holder) else (None, "")
 
     def _gone(self, holder: dict) -> str:
         """Why the holder is gone ('' if it may be alive)."""
@@ -235,10 +241,15 @@ class Lease:
         cannot be read is looked at once more before it counts as gone."""
         if self.lost:
             return False
-        holder = self._read()
+        holder, why = self._read_or_why()
         if holder is None:
             time.sleep(0.2)
-            holder = self._read()
+            holder, why = self._read_or_why()
+        if holder is None and why:  # the storage failed: no news of another holder (this
+            # run's renewals keep the file fresh, so no other run can have taken it over)
+            log.warning("could not read the lease file %s (%s); looking again at the next "
+                        "check", self.path, why)
+            return True
         if holder is not None and holder.get("id") == self.me["id"]:
             return True
         self.lost = True

@@ -602,3 +602,30 @@ def test_a_lease_file_is_never_left_half_written(tmp_path):
     assert not target.exists()
     assert os.listdir(tmp_path) == []  # nor its temp file
     Lease(None, str(tmp_path), timeout=60).acquire().release()
+
+
+def test_a_failed_read_of_the_lease_file_is_no_lost_lease(tmp_path, monkeypatch, caplog):
+    """The storage failing to read the lease file (a store's 503, EIO) says nothing about who
+    holds it: the run keeps its lease (it stopped with 'another run took over' on one failed
+    read); a lease file that is gone, or names another run, is still a lost lease."""
+    from pipeline import lease as lease_mod
+
+    caplog.set_level(logging.WARNING, logger="pipeline.lease")
+    lease = Lease(None, str(tmp_path), timeout=60).acquire()
+    real_read = lease_mod.fsutil.read_text
+    try:
+        def failing(spark, path):
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(lease_mod.fsutil, "read_text", failing)
+        assert lease.holds() and not lease.lost
+        lease.check()
+        assert "could not read the lease file" in caplog.text
+        monkeypatch.setattr(lease_mod.fsutil, "read_text", real_read)
+        assert lease.holds()
+        record = json.loads((tmp_path / NAME).read_text())
+        (tmp_path / NAME).write_text(json.dumps({**record, "id": "another run"}))
+        assert not lease.holds() and lease.lost
+    finally:
+        monkeypatch.setattr(lease_mod.fsutil, "read_text", real_read)
+        lease.release()
