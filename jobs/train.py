@@ -22,8 +22,9 @@ from pipeline.config import Config  # noqa: E402
 def main(cfg: Config) -> int:
     from pipeline import fsutil
     from pipeline.spark_session import build_session
-    from pipeline.train import summary, train
+    from pipeline.train import check_train_config, summary, train
 
+    check_train_config(cfg)  # local places: before Spark starts
     t0 = time.monotonic()
     spark = build_session(cfg, "spark-bpe train", deferred=True)
     try:

@@ -317,8 +317,8 @@ def _run(job: str, description: str, body: Callable[[Config], int | None],
         cfg = validate(cfg, job)
         _engine[0] = cfg.engine
         setup_logging(cfg.log_level)
-        for note in notes:
-            log.info("%s", note)
+        for note in notes:  # (settings ignored, a corpus not given: seen at --log-level WARNING)
+            log.warning("%s", note)
         log.info("%s config: %s", job, cfg.to_json(job, indent=None))
         faults.at("start")  # tests: a SIGTERM before the job's SparkContext exists
         code = int(body(cfg) or 0)

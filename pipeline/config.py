@@ -398,6 +398,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     for k, v in data.items():  # sections are only for readability
         if isinstance(v, dict) and k.replace("-", "_") in Config.__dataclass_fields__:
             raise ConfigError(f"config key '{k}' in {path} takes a plain value, not a table")
+        if isinstance(v, dict) and k.lower() in (COUNT, TRAIN, ENCODE, "count_words"):
+            raise ConfigError(f"{path}: section [{k}]: sections are only for readability and "
+                              "apply to every job, not to one job; give each job its own "
+                              "--config file")
         for key, value in (v.items() if isinstance(v, dict) else [(k, v)]):
             if isinstance(value, dict):
                 raise ConfigError(f"config file {path}: [{k}] {key} is a table; config keys "
@@ -624,6 +628,10 @@ def validate(cfg: Config, job: str, frame: bool = False) -> Config:
     _need(not frame or cfg.input_format == Config.input_format,
           f"config key 'input_format' = {cfg.input_format!r}: a DataFrame corpus is already "
           "read (its reader's format is the DataFrame's); leave input_format out")
+    _need(not cfg.input_table or cfg.input_format == Config.input_format,
+          f"config key 'input_format' = {cfg.input_format!r}: --input-table "
+          f"{cfg.input_table} is read as the catalog table it is (its format is the "
+          "table's); leave input_format out")
     if job in (COUNT, TRAIN) and cfg.count_reader == "arrow" and not cfg.words:
         read_by_spark = ("a DataFrame" if frame else
                          f"--input-table {cfg.input_table}" if cfg.input_table else

@@ -256,7 +256,8 @@ def _master_checked(master: str, ours: bool) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if "Could not parse Master URL" not in str(exc):
+        if not any(m in str(exc) for m in ("Could not parse Master URL",
+                                             "Asked to run locally with 0 threads")):
             raise
         key = "config key 'master'" if ours else "spark-submit's --master"
         raise ConfigError(f"{key}: Spark cannot use the master URL {master!r} (local[N], "

@@ -520,6 +520,23 @@ def _run_stats(prep: Prepared, out: MergeOutcome, tokens_left: list[int]) -> dic
     }
 
 
+def check_train_config(cfg: Config) -> None:
+    """What can be refused without Spark about a run's local places, before the job starts
+    Spark (a one-line config error, exit 2, and no JVM started for it): an output that holds
+    other files, a report sample that is not Parquet text. :func:`train` checks them again
+    (the API, and places on other filesystems)."""
+    if fsutil.is_local(cfg.output):
+        check_run_place(None, cfg.output, _checkpoint_dir_inside(cfg))
+    check_report_sample(cfg)
+
+
+def _checkpoint_dir_inside(cfg: Config) -> tuple[str, ...]:
+    """The name of a checkpoint directory configured inside the run directory (one of the
+    run's entries), if it is."""
+    inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
+    return (inside.split("/")[0],) if inside else ()
+
+
 def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
           progress: Progress | None = None, frame: DataFrame | None = None) -> RunResult:
     """Train end to end: :func:`prepare`, :func:`make_merges`, :func:`publish`, holding the
@@ -530,8 +547,7 @@ def train(spark: SparkSession, cfg: Config, session_seconds: float = 0.0,
     t_start = time.monotonic()
     # saved absolute in config.json: a rerun from another directory must tell its file apart
     cfg.report_sample = fsutil.absolute_local(cfg.report_sample)
-    inside = same_or_inside(cfg.checkpoint_dir, cfg.output) if cfg.checkpoint_dir else None
-    check_run_place(spark, cfg.output, (inside.split("/")[0],) if inside else ())
+    check_run_place(spark, cfg.output, _checkpoint_dir_inside(cfg))
     with contextlib.ExitStack() as stack:
         timeout = cfg.lease_timeout_seconds
         leases = [stack.enter_context(Lease(spark, cfg.output, timeout))] + [

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
 
 import pytest
 
-from pipeline.config import Config, ConfigError, resolve, validate
+from pipeline.config import Config, ConfigError, resolve, resolve_with_notes, validate
 
 from .conftest import REPO
 
@@ -28,7 +29,7 @@ def test_defaults_come_from_conf_default_toml():
 
 def test_command_line_wins_over_files(tmp_path):
     f = tmp_path / "x.toml"
-    f.write_text('[train]\nvocab_size = 1000\nengine = "spark"\n[pretokenize]\nlowercase = true\n')
+    f.write_text('[merges]\nvocab_size = 1000\nengine = "spark"\n[pretokenize]\nlowercase = true\n')
     c = cfg("--config", str(f), "--vocab-size", "32768", "--no-lowercase",
             "--special-tokens", "<a>,<b>")
     assert c.vocab_size == 32768 and c.engine == "spark" and c.lowercase is False
@@ -209,6 +210,23 @@ def test_defaults_live_in_one_place():
     cluster = load_toml(DEFAULT_CONFIG.parent / "cluster.toml")
     assert set(cluster) <= set(Config.__dataclass_fields__)
     assert cluster["progress_bar"] is False and Config().progress_bar is True
+    # every key it sets differs from the default: a placeholder set to the default ("" for
+    # checkpoint_dir) wiped what an earlier --config file had set
+    assert all(v != getattr(Config(), k) for k, v in cluster.items()), cluster
+
+
+def test_a_section_named_after_a_job_is_refused(tmp_path):
+    """Sections are for readability and apply to every job: [encode] num_partitions = 8
+    in a shared file silently set the train job's partitions too."""
+    shared = tmp_path / "shared.toml"
+    shared.write_text("[train]\nvocab_size = 1000\n[encode]\nnum_partitions = 8\n")
+    with pytest.raises(ConfigError, match=r"section \[train\]: sections are only for "
+                                          "readability and apply to every job"):
+        resolve_with_notes(["--config", str(shared)], job="train")
+    ok = tmp_path / "ok.toml"
+    ok.write_text("[merges]\nvocab_size = 1000\n")
+    assert resolve_with_notes(["--config", str(ok), "--output", "o", "--input", "x"],
+                              job="train")[0].vocab_size == 1000
 
 
 def test_input_weights_match_the_sources():
@@ -735,7 +753,7 @@ def test_a_toml_key_given_in_both_spellings_is_set_twice(tmp_path):
     """vocab_size and vocab-size are one key: given both ways in one file, the last one won
     unsaid (the same spelling twice was refused)."""
     f = tmp_path / "c.toml"
-    f.write_text('vocab_size = 5000\n[train]\nvocab-size = 300\n')
+    f.write_text('vocab_size = 5000\n[merges]\nvocab-size = 300\n')
     with pytest.raises(ConfigError, match="config key 'vocab_size' and 'vocab-size' is set "
                                           "twice in"):
         resolve(["--config", str(f), "--input", "x", "--output", "o"])
@@ -844,3 +862,30 @@ def test_a_saved_or_logged_config_says_where_its_relative_paths_were(tmp_path, m
     assert saved["report_sample"] == f"{tmp_path}/held.parquet"
     assert saved["words"] == "" and saved["vocab_size"] == 300
     assert c.output == "runs/r"  # (the config itself is left as it is)
+
+
+def test_a_catalog_table_takes_no_input_format():
+    """--input-table T --input-format json was accepted and the format silently not used
+    (the table is read as the table it is), while config.json said json."""
+    validate(cfg("--input-table", "db.docs", "--output", "o", "--vocab-size", "300"), "train")
+    with pytest.raises(ConfigError, match="config key 'input_format' = 'json': --input-table "
+                                          "db.docs is read as the catalog table"):
+        validate(cfg("--input-table", "db.docs", "--input-format", "json", "--output", "o",
+                     "--vocab-size", "300"), "train")
+
+
+def test_the_notes_on_settings_are_warnings(tmp_path, caplog):
+    """The notes that another job's keys were ignored and that a run with no corpus trains
+    the shipped sample were INFO lines: gone at --log-level WARNING."""
+    from pipeline import cli
+
+    shared = tmp_path / "shared.toml"
+    shared.write_text('tokenizer = "somewhere"\n')
+    caplog.set_level(logging.WARNING)
+    code = cli._run("train", "", lambda cfg: 0, ["--output", str(tmp_path / "run"),
+                                                 "--config", str(shared),
+                                                 "--log-level", "WARNING"])
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert code == 0
+    assert any("not train settings, ignored: tokenizer" in m for m in said), said
+    assert any("this run trains the shipped sample corpus" in m for m in said), said

@@ -43,14 +43,16 @@ def test_the_quick_start_is_quiet_and_spark_submit_settings_win(tmp_path, procs)
 
 
 @pytest.mark.spark
-def test_a_master_url_spark_cannot_parse_is_a_one_line_config_error(tmp_path, procs):
-    """--master bogus: exit 2 and one line naming the key, no Java stack trace."""
+@pytest.mark.parametrize("master", ["bogus", "local[0]"])
+def test_a_master_url_spark_cannot_parse_is_a_one_line_config_error(tmp_path, procs, master):
+    """--master bogus (or local[0], which Spark parses and then cannot run: it was a stack
+    trace, exit 1): exit 2 and one line naming the key, no Java stack trace."""
     p = submit(["--output", str(tmp_path / "run"), "--vocab-size", "300", "--master",
-                "bogus"], tmp_path, "bogus")
+                master], tmp_path, "bogus")
     procs.append(p)
     assert p.wait(120) == 2, p.tail()
     assert p.last_line().startswith("error: config key 'master': Spark cannot use the master "
-                                    "URL 'bogus' (local[N], "), p.tail()
+                                    f"URL '{master}' (local[N], "), p.tail()
     assert "Py4JJavaError" not in p.err() and not (tmp_path / "run").exists()
 
 

@@ -794,3 +794,26 @@ def test_a_damaged_word_table_of_the_run_is_counted_again(spark, tmp_path, caplo
     assert again.already_done and "is already complete" in caplog.text
     assert (run / "merges.txt").read_text() == merges and len(first.merges) == 23
     assert train(spark, Config(**kw, resume="never")).merges == first.merges  # (readable)
+
+
+def test_local_places_are_refused_before_spark_starts(tmp_path):
+    """An output holding other files and a report sample that is not Parquet are config
+    errors (exit 2) found before the job starts Spark: with no Java to be found, the job
+    still says what is wrong with its settings (it started the JVM first, and failed on it)."""
+    from .conftest import SAMPLE
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("someone's file")
+    (tmp_path / "held.txt").write_text("not parquet")
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java"),
+           "PATH": os.path.dirname(sys.executable)}  # (no java, no bash)
+    env.pop("SPARK_HOME", None)
+    for args, said in ((["--output", str(busy)], f"{busy} exists and is not a run directory"),
+                       (["--output", str(tmp_path / "run"), "--report-sample",
+                         str(tmp_path / "held.txt")], "is not a Parquet sample of held-out")):
+        job = subprocess.run([sys.executable, str(REPO / "jobs" / "train.py"), "--master",
+                              "local[2]", "--input", str(SAMPLE), "--vocab-size", "300", *args],
+                             capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+        last = job.stderr.strip().splitlines()[-1]
+        assert job.returncode == 2 and last.startswith("error: ") and said in last, job.stderr
