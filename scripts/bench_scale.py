@@ -17,9 +17,10 @@ workers, launcher, reference). RSS sums count pages shared after fork (the PySpa
 its workers) and shared libraries mapped by several processes once per process, so the tree's
 proportional set size (PSS, ``/proc/PID/smaps_rollup``: each shared page divided among the
 processes that map it) is sampled too: the peak of its sum is what the tree costs the
-machine. ``os.wait4`` gives the cross-check, ru_maxrss (the largest single process of the
-tree, exact, as 0.2 s sampling can miss a short peak, but never below this script's own peak,
-which exec hands down). CPU s is the user + sys time of every process of
+machine. The largest process is the larger of each sampled process's VmHWM (its exact
+high-water mark) and ``os.wait4``'s ru_maxrss (exact too, but only of the processes the
+launcher reaps: not the PySpark workers; and never below this script's own peak, which exec
+hands down). CPU s is the user + sys time of every process of
 the tree as last sampled from /proc (``wait4``'s figure, in ``cpu_seconds``, leaves out the
 PySpark workers, which the launcher never reaps; a process's last ~0.2 s can be missed); it is
 less sensitive than wall time to a busy machine. Ours also reports RUN_DIR/stats.json (stage
@@ -80,6 +81,7 @@ def run_measured(cmd: list[str], env: dict[str, str], log: Path, interval: float
     res = {"cmd": shlex.join(cmd), "exit_code": proc.returncode, "wall_seconds": round(wall, 2),
            "cpu_seconds": round(ru.ru_utime + ru.ru_stime, 1),
            "ru_maxrss_mb": round(ru.ru_maxrss / 1024, 1), **sampler.summary()}
+    res["largest_process_mb"] = max(res["ru_maxrss_mb"], res["peak_process_mb"])
     if proc.returncode != 0:  # our jobs log their error to stdout, the references to stderr
         for name in ("out", "err"):
             tail = Path(f"{log}.{name}").read_text(errors="replace").splitlines()[-15:]
@@ -193,22 +195,24 @@ def provenance() -> dict:
 
 def ratios(results: dict) -> str:
     """Ours against each reference per corpus: the ratio of the medians of wall time, of the
-    tree's peak PSS and of the largest process (ru_maxrss), and the wall-time ratio of each
-    repetition's pair, which shows the spread a single ratio hides."""
+    tree's peak PSS and of the largest process, and the wall-time ratio of each repetition's
+    pair, which shows the spread a single ratio hides. Runs that ended short of the
+    vocabulary (less work, not a faster trainer) are left out."""
     out = ["| corpus | ours vs | wall, ratio of medians | wall, each repetition's pair | "
            "tree PSS | largest process |", "|---|---|---:|---|---:|---:|"]
     for c in results["corpora"]:
         def runs(tool: str) -> list[dict]:
             return [r for r in results["runs"] if r["corpus"] == c["path"] and r["tool"] == tool
-                    and r["vocab"] == results["vocab_size"] and r["exit_code"] == 0]
+                    and r["vocab"] == results["vocab_size"] and r["exit_code"] == 0
+                    and not r.get("short_vocab")]
         ours = runs("ours")
         for ref in results["tools"]:
             theirs = runs(ref)
             if ref == "ours" or not ours or not theirs:
                 continue
-            by_rep = {r["repeat"]: r["wall_seconds"] for r in theirs}
-            pairs = [r["wall_seconds"] / by_rep[r["repeat"]] for r in ours
-                     if r["repeat"] in by_rep]
+            by_rep = {_pair_key(r): r["wall_seconds"] for r in theirs}
+            pairs = [r["wall_seconds"] / by_rep[_pair_key(r)] for r in ours
+                     if _pair_key(r) in by_rep]
 
             def q(key: str) -> str:
                 a, b = _med(ours, key), _med(theirs, key)
@@ -217,12 +221,28 @@ def ratios(results: dict) -> str:
                        + ", ".join(f"{x:.2f}x" for x in pairs)
                        + (f" (min {min(pairs):.2f}x, max {max(pairs):.2f}x)"
                           if len(pairs) > 1 else "")
-                       + f" | {q('peak_tree_pss_mb')} | {q('ru_maxrss_mb')} |")
+                       + f" | {q('peak_tree_pss_mb')} | {q(LARGEST)} |")
     return "\n".join(out)
 
 
+LARGEST = "largest_process_mb"
+
+
+def _largest(r: dict) -> dict:
+    """A run with ``largest_process_mb`` (results written before it had only ru_maxrss)."""
+    return r if LARGEST in r or "ru_maxrss_mb" not in r else {**r, LARGEST: r["ru_maxrss_mb"]}
+
+
+def _pair_key(r: dict) -> tuple:
+    """What pairs a run of ours with a reference's: the same repetition of the same results
+    file (files merged with --merge number their repetitions each from 1)."""
+    return r.get("from_file", ""), r["repeat"]
+
+
 def _med(runs: list[dict], key: str) -> float | None:
-    xs = [r[key] for r in runs if r.get("exit_code") == 0 and r.get(key) is not None]
+    runs = [_largest(r) for r in runs]
+    xs = [r[key] for r in runs if r.get("exit_code") == 0 and r.get(key) is not None
+          and not r.get("short_vocab")]
     return statistics.median(xs) if xs else None
 
 
@@ -232,7 +252,7 @@ def _f(x, fmt: str = "{:.1f}") -> str:
 
 def table(results: dict) -> str:
     out = ["| corpus | MB | tool | wall s | CPU s | train s | count stage s | peak RSS, tree | "
-           "peak PSS, tree | peak per process (by role) | ru_maxrss | notes |",
+           "peak PSS, tree | peak per process (by role) | largest process | notes |",
            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for c in results["corpora"]:
         for tool in results["tools"]:
@@ -273,7 +293,7 @@ def table(results: dict) -> str:
                        f"{_f(_med(runs, 'train_seconds'))} | "
                        f"{_f(count_s)} | {_f(_med(runs, 'peak_tree_mb'), '{:,.0f} MB')} | "
                        f"{_f(_med(runs, 'peak_tree_pss_mb'), '{:,.0f} MB')} | "
-                       f"{roles} | {_f(_med(runs, 'ru_maxrss_mb'), '{:,.0f} MB')} | "
+                       f"{roles} | {_f(_med(runs, LARGEST), '{:,.0f} MB')} | "
                        f"{'; '.join(notes)} |")
     return "\n".join(out)
 
@@ -401,7 +421,8 @@ def main() -> None:
             print("warning: the files were measured on different code: "
                   + ", ".join(f"{f}: {(p.get('provenance') or {}).get('commit', '?')[:10]}"
                               for f, p in zip(args.merge, parts)), file=sys.stderr)
-        results = {**parts[0], "runs": [r for p in parts for r in p["runs"]],
+        results = {**parts[0], "runs": [{**r, "from_file": f} for f, p in zip(args.merge, parts)
+                                         for r in p["runs"]],
                    "tools": list(dict.fromkeys(t for p in parts for t in p["tools"])),
                    "corpora": list({c["path"]: c for p in parts for c in p["corpora"]}.values())}
         return report(results, "merged: " + ", ".join(args.merge), args.plot)

@@ -1,12 +1,13 @@
 """Peak memory and CPU of a process tree (a spark-submit job: launcher, JVM, Python driver,
 Python workers; or a reference's process), sampled from /proc, for the benchmarks.
 
-Every ``interval`` seconds the tree's VmRSS is read: the peak of the tree's sum, each
-process's peak (grouped by role: jvm, python driver, python workers, launcher, reference), and
-the tree's proportional set size (PSS: a page shared after fork or a library mapped by several
-processes divided among them), whose peak is what the tree costs the machine. A short peak
-between samples can be missed: ``os.wait4``'s ru_maxrss is the exact cross-check for the
-largest single process.
+Every ``interval`` seconds the tree's VmRSS is read: the peak of the tree's sum (a short peak
+between samples can be missed), each process's peak (its VmHWM, the kernel's exact high-water
+mark, so no peak of a process alive at a sample is missed; grouped by role: jvm, python driver,
+python workers, launcher, reference), and the tree's proportional set size (PSS: a page shared
+after fork or a library mapped by several processes divided among them), whose peak is what
+the tree costs the machine. ``os.wait4``'s ru_maxrss covers only the processes the launcher
+reaped (not a Spark job's Python workers): the largest process is the larger of the two.
 """
 
 from __future__ import annotations
@@ -90,15 +91,17 @@ class TreeSampler(threading.Thread):
         while todo:
             pid = todo.pop()
             todo += kids.get(pid, [])
-            rss = 0
+            rss = hwm = 0
             for line in _read(f"/proc/{pid}/status").splitlines():
                 if line.startswith(b"VmRSS:"):
                     rss = int(line.split()[1])
+                elif line.startswith(b"VmHWM:"):
+                    hwm = int(line.split()[1])
             if not rss:
                 continue
             self.cpu_ticks[pid] = max(self.cpu_ticks.get(pid, 0), _cpu_ticks(pid))
             role = self.role[pid] = _role(pid)  # the latest: bash exec's java
-            self.peak[pid] = max(self.peak.get(pid, 0), rss)
+            self.peak[pid] = max(self.peak.get(pid, 0), rss, hwm)
             sums[role] = sums.get(role, 0) + rss
             total += rss
             kb = _pss(pid)
@@ -123,6 +126,7 @@ class TreeSampler(threading.Thread):
             r["peak_sum_mb"] = round(self.peak_role_sum.get(name, 0) / 1024, 1)
         tick = os.sysconf("SC_CLK_TCK")
         return {"peak_tree_mb": round(self.peak_total / 1024, 1),
+                "peak_process_mb": round(max(self.peak.values(), default=0) / 1024, 1),
                 "peak_tree_pss_mb": round(self.peak_pss / 1024, 1), "samples": self.samples,
                 "pss_unread": self.pss_unread,
                 "cpu_tree_seconds": round(sum(self.cpu_ticks.values()) / tick, 1),
