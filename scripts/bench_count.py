@@ -7,6 +7,11 @@ word table), timed after the Spark session is up (session start reported separat
 References: ``tokenizers`` and rustbpe ``train_from_iterator`` over our rows, both asked for
 vocab 257 (one merge) so their time is the pre-tokenize + count stage; same split pattern.
 Runs are interleaved; medians and ratios are printed.
+
+Not like for like (BENCHMARKS.md, the fairness rules): the references train in this process
+on rows already in memory, in a fixed order, without our special token or writing a
+tokenizer, while ours reads Parquet, starts a JVM and writes every export; no memory is
+measured. ``scripts/bench_scale.py`` is the fair comparison.
 """
 
 from __future__ import annotations

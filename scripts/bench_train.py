@@ -12,6 +12,11 @@ Measured in one run, interleaved, medians:
 3. the Spark engine forced for ``--spark-merges`` merges: rounds, merges per round, seconds per
    round, and an empty Spark job's time on the same session (the latency share);
 4. driver peak RSS for 3 corpus sizes (a quarter, half and all of the shards).
+
+Not like for like (BENCHMARKS.md, the fairness rules): the references train in this process
+on rows already in memory, in a fixed order, without our special token or writing a
+tokenizer, while ours reads Parquet, starts a JVM and writes every export; no memory is
+measured. ``scripts/bench_scale.py`` is the fair comparison.
 """
 
 from __future__ import annotations
