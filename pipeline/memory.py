@@ -76,7 +76,7 @@ def available_bytes(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgrou
             continue
         usage -= _reclaimable(directory)
         if limit.isdigit() and int(limit) < (1 << 60):
-            left = int(limit) - usage
+            left = max(int(limit) - usage, 0)  # (at or over its limit: nothing left)
             if avail is None or left < avail:
                 avail, what = left, "left under the container's memory limit"
     return avail, what
@@ -148,9 +148,13 @@ def driver_budget(configured_mb: int, conf: dict[str, str],
         found = overhead if avail is None else min(overhead, avail)
         return Budget(int(BUDGET_SHARE * found),
                       f"{BUDGET_SHARE:.0%} of {found / 2**30:.1f} GB: {source}")
-    if avail is None:
-        return Budget(int(BUDGET_SHARE * heap),
-                      f"{BUDGET_SHARE:.0%} of spark.driver.memory (free memory unknown)")
+    if avail is None:  # (no /proc/meminfo: not Linux) the machine's memory, less the heap
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+            what = "half of this machine's memory (free memory unknown)"
+        except (AttributeError, OSError, ValueError):
+            return Budget(int(BUDGET_SHARE * heap),
+                          f"{BUDGET_SHARE:.0%} of spark.driver.memory (free memory unknown)")
     found = max(avail - heap, 0)
     return Budget(int(BUDGET_SHARE * found),
                   f"{BUDGET_SHARE:.0%} of {found / 2**30:.1f} GB: {avail / 2**30:.1f} GB {what} "
@@ -219,10 +223,20 @@ def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
     numbers = (f"merging {partial_bytes / 2**20:,.1f} MB of partial counts on the driver"
                f"{split} needs about {need / 2**30:.2f} GB; driver budget "
                f"{budget.bytes / 2**30:.2f} GB ({budget.source})")
+    too_big = partial_bytes > buckets * MAX_BUCKET_BYTES  # (even in the most buckets)
+    if requested == "driver" and too_big:
+        from pipeline.config import ConfigError
+        raise ConfigError(
+            f"config key 'count_merge' = 'driver': {partial_bytes / 2**30:,.1f} GB of partial "
+            f"counts make buckets over {MAX_BUCKET_BYTES / 2**30:.0f} GB even in "
+            f"{MAX_MERGE_BUCKETS} (one Arrow array each holds under 2 GB); use 'auto' or "
+            "'spark'")
     if requested != "auto":
         return requested, buckets, f"count merge {requested} (as configured): {numbers}"
-    if need > budget.bytes:
-        return "spark", buckets, f"count merge auto -> spark: {numbers}"
+    if need > budget.bytes or too_big:
+        return "spark", buckets, f"count merge auto -> spark: {numbers}" + (
+            f"; over {MAX_MERGE_BUCKETS} buckets of {MAX_BUCKET_BYTES / 2**30:.0f} GB"
+            if too_big else "")
     if fetch_limit is not None and largest_task > fetch_limit:
         return "spark", buckets, (
             f"count merge auto -> spark: one task's partial counts ({largest_task / 2**20:,.0f}"

@@ -30,6 +30,10 @@ def complete_run_still_valid(spark: SparkSession, cfg: Config, done: dict) -> bo
                  "again as %r", cfg.output, done["name"], name)
         return False
     saved = saved_config(spark, cfg.output)
+    if not saved:  # (gone or damaged: the output settings it was published with are unknown)
+        log.info("run at %s is complete but its config.json is missing or unreadable: writing "
+                 "its outputs again", cfg.output)
+        return False
     changed = [f"{k} {saved[k]!r} then, {getattr(cfg, k)!r} now" for k in PUBLISH_KEYS
                if k in saved and published_as(cfg, k, saved[k])
                != published_as(cfg, k, getattr(cfg, k))]

@@ -211,3 +211,33 @@ def test_the_count_merge_never_puts_over_a_gib_of_partial_counts_in_one_bucket()
     where, buckets, _ = choose_count_merge("auto", 13 * GB, huge)
     assert where == "driver" and buckets == 16  # 13 GB in buckets of at most 1 GiB
     assert choose_count_merge("driver", 3 * GB, huge)[1] == 4
+
+
+def test_budget_edges_found_by_review(tmp_path, monkeypatch):
+    """Past 64 buckets of 1 GiB (partial counts over 64 GiB, on a driver with a budget for
+    them) a bucket went over Arrow's 2 GiB: auto merges with Spark then, and driver is a
+    config error; a cgroup at or over its limit gave a negative budget; with no free-memory
+    figure (not Linux) the budget was 80% of the JVM heap, which is not Python's memory."""
+    from pipeline.config import ConfigError
+    from pipeline.memory import MAX_MERGE_BUCKETS, choose_count_merge
+
+    huge = Budget(1 << 50, "x")
+    over = (MAX_MERGE_BUCKETS + 8) * GB
+    assert choose_count_merge("auto", over, huge)[0] == "spark"
+    assert choose_count_merge("auto", MAX_MERGE_BUCKETS * GB, huge)[:2] == \
+        ("driver", MAX_MERGE_BUCKETS)
+    with pytest.raises(ConfigError, match="count_merge' = 'driver'.*use 'auto' or 'spark'"):
+        choose_count_merge("driver", over, huge)
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemAvailable: 20000000 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.max").write_text(f"{1 * GB}\n")
+    (cg / "memory.current").write_text(f"{2 * GB}\n")
+    assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none"))[0] == 0
+
+    monkeypatch.setattr("os.sysconf", lambda name: {"SC_PHYS_PAGES": 8 * GB // 4096,
+                                                    "SC_PAGE_SIZE": 4096}[name])
+    b = driver_budget(0, {"spark.driver.memory": "1g"}, available=(None, ""))
+    assert b.bytes == int(0.8 * 3 * GB) and "half of this machine's memory" in b.source

@@ -582,6 +582,10 @@ def test_a_complete_run_asked_for_with_other_output_settings_is_published_again(
     assert train(spark, Config(**{**same, "report_sample": "file://" + sample}, **kw)
                  ).already_done
     assert saved()["report_sample"] == sample  # (saved absolute: a relative one is ambiguous)
+    (run / "config.json").unlink()  # what it was published with is unknown: published again
+    caplog.clear()
+    assert not train(spark, Config(report_sample_rows=7, **kw)).already_done
+    assert saved()["report_sample_rows"] == 7
 
 
 def test_other_split_settings_are_refused_before_the_word_table_is_replaced(spark, tmp_path,
