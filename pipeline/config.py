@@ -12,6 +12,7 @@ import fnmatch
 import json
 import numbers
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -703,6 +704,11 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
         raise ConfigError(f"give {', '.join(missing[:-1])} and {missing[-1]} (the job's "
                           "--help lists its settings)")
     _need(cfg.output != "", "config key 'output': set an output directory (--output DIR)")
+    for key in ("output", "checkpoint_dir"):  # (its lease lies beside it: in its parent)
+        place = getattr(cfg, key)
+        _need(not re.fullmatch(r"[A-Za-z][\w+.-]*://[^/]*/*", place),
+              f"config key '{key}': {place} is the root of a bucket or filesystem; give a "
+              f"directory under it ({place.rstrip('/')}/NAME)")
     if job == COUNT:
         _need(cfg.input != "" or cfg.input_table != "" or frame,
               "config key 'input': give a corpus (--input PATH or --input-table NAME)")

@@ -237,12 +237,21 @@ def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
     return sorted(str(st.getPath().getName()) for st in fs.listStatus(p))
 
 
+_IN_FLIGHT: set[str] = set()  # the temp files this process is writing now
+
+
+def _temp_key(path: str) -> str:
+    return os.path.abspath(local_path(path)) if is_local(path) else path
+
+
 def remove_temp_files(spark: SparkSession | None, directory: str) -> None:
     """Remove the temp files of :func:`write_text` that a killed writer (SIGKILL, a lost
-    machine) left in ``directory``; call it holding the directory's lease."""
+    machine) left in ``directory``, but not those this process is writing now (a renewal of
+    the lease that sits in the same directory); call it holding the directory's lease."""
     for name in list_dir(spark, directory) or []:
-        if name.startswith(".tmp-"):
-            delete(spark, join(directory, name))
+        path = join(directory, name)
+        if name.startswith(".tmp-") and _temp_key(path) not in _IN_FLIGHT:
+            delete(spark, path)
 
 
 def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
@@ -363,6 +372,7 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        _IN_FLIGHT.add(os.path.abspath(tmp))
         os.chmod(tmp, 0o666 & ~umask())  # as any file the user writes (mkstemp makes 0600)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -376,6 +386,8 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
             if isinstance(exc, OSError):  # a full disk or a read-only directory: name the file
                 raise OSError(exc.errno, exc.strerror, lp) from exc
             raise
+        finally:
+            _IN_FLIGHT.discard(os.path.abspath(tmp))
         return
     fs, p = _fs(spark, path)
     if scheme(path) in WHOLE_ON_CLOSE:
@@ -391,8 +403,12 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
             out.close()  # (the upload: the object appears whole, or the old one stays)
         return
     jvm = spark.sparkContext._jvm
-    tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".tmp-{uuid.uuid4().hex[:8]}")
-    with _writing(spark, path):
+    tmp_name = f".tmp-{uuid.uuid4().hex[:8]}"
+    tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), tmp_name)
+    in_flight = join(split_parent(path)[0], tmp_name)
+    _IN_FLIGHT.add(in_flight)
+    with contextlib.ExitStack() as done, _writing(spark, path):
+        done.callback(_IN_FLIGHT.discard, in_flight)
         try:
             out = fs.create(tmp, True)
             try:
@@ -467,6 +483,7 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+        _IN_FLIGHT.add(os.path.abspath(tmp))
         os.chmod(tmp, 0o666 & ~umask())
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -477,12 +494,20 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
                 os.link(tmp, lp)
             except FileExistsError:
                 return False
+            except FileNotFoundError:
+                if os.path.exists(tmp) or not os.path.isdir(d):
+                    raise
+                # its temp file removed under it (a run holding the directory cleaning up
+                # what killed writers left): look again
+                return create_exclusive(spark, path, text)
             except OSError as exc:  # (a filesystem without hard links)
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
+                                     errno.ENOSYS, errno.EMLINK):  # (FUSE mounts: ENOSYS)
                     raise
                 return _create_exclusive_local(lp, text)
             return True
         finally:
+            _IN_FLIGHT.discard(os.path.abspath(tmp))
             with contextlib.suppress(OSError):
                 os.remove(tmp)
     fs, p = _fs(spark, path)
@@ -580,7 +605,11 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
         if os.path.exists(lf):
             old = f"{lf}.old-{uuid.uuid4().hex[:8]}"
             os.replace(lf, old)
-            os.replace(lt, lf)
+            try:
+                os.replace(lt, lf)
+            except BaseException:  # the old one back: never neither of them in place
+                os.replace(old, lf)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.makedirs(os.path.dirname(os.path.abspath(lf)), exist_ok=True)

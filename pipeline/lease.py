@@ -147,6 +147,11 @@ class Lease:
                 f"record) and has not changed for {age:,.0f} s (lease_timeout_seconds = "
                 f"{self.timeout:g})")
 
+    def _create_is_atomic(self) -> bool:
+        """Whether creating the lease file is atomic where it is: locally (a hard link, or
+        O_EXCL) and on HDFS (createNewFile at the namenode); not on object stores."""
+        return fsutil.is_local(self.path) or fsutil.scheme(self.path) in ("hdfs", "viewfs")
+
     def _same_pid_space(self, holder: dict) -> bool:
         """Whether the holder's pid can be looked up here: the same host name is not enough
         where containers share one (host networking) but not their process ids, so the pid
@@ -197,7 +202,14 @@ class Lease:
         fsutil.mkdirs(self.spark, self.dir)
         for _ in range(3):
             if fsutil.create_exclusive(self.spark, self.path, self._record()):
-                break
+                if self._create_is_atomic():
+                    break
+                # an object store's "create if absent" is a look then a write: two runs can
+                # both get True; the last writer wins, so look again, as a takeover does
+                time.sleep(0.2)
+                if (self._read() or {}).get("id") == self.me["id"]:
+                    break
+                continue
             holder = self._read()
             if holder is None:  # being written or removed right now: look again
                 stale = self._unreadable_and_old()

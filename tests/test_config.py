@@ -889,3 +889,15 @@ def test_the_notes_on_settings_are_warnings(tmp_path, caplog):
     assert code == 0
     assert any("not train settings, ignored: tokenizer" in m for m in said), said
     assert any("this run trains the shipped sample corpus" in m for m in said), said
+
+
+@pytest.mark.parametrize("key,place", [("output", "s3a://bucket"), ("output", "hdfs://nn:8020/"),
+                                       ("checkpoint_dir", "gs://ckpts")])
+def test_an_output_at_a_bucket_root_is_a_config_error(key, place):
+    """Its lease lies beside it, in its parent: a bucket root has none (s3a:/.bucket.lease.json,
+    an unclear Hadoop error after Spark started)."""
+    kw = {"output": "s3a://bucket/run", key: place}
+    with pytest.raises(ConfigError, match=f"config key '{key}': .* is the root of a bucket"):
+        validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300, **kw), "train")
+    validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300,
+                    **{**kw, key: place.rstrip("/") + "/run2"}), "train")

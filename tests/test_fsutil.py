@@ -153,3 +153,88 @@ def test_a_spark_write_task_that_hit_a_full_disk_is_a_write_failure():
     assert fsutil.task_write_failure(RuntimeError(crashed)) is None
     assert fsutil.task_write_failure(RuntimeError("Caused by: java.io.IOException: "
                                                   "No space left on device")) is None
+
+
+def test_cleaning_up_killed_writers_temps_spares_a_write_in_flight(tmp_path, monkeypatch):
+    """A run removes the temp files killed writers left in its directory; the renewal of its
+    own lease, written beside them at that moment, lost its temp file ("could not renew")."""
+    import threading
+
+    from pipeline import fsutil
+
+    (tmp_path / ".tmp-killed").write_text("half a file")
+    syncing, go = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd):
+        syncing.set()
+        go.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(fsutil.os, "fsync", slow_fsync)
+    errors: list[BaseException] = []
+
+    def renew():
+        try:
+            fsutil.write_text(None, str(tmp_path / ".lease.json"), "{}")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    writer = threading.Thread(target=renew)
+    writer.start()
+    assert syncing.wait(10)
+    fsutil.remove_temp_files(None, str(tmp_path))
+    go.set()
+    writer.join(10)
+    assert not errors and (tmp_path / ".lease.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lease.json"]  # the killed one gone
+
+
+def test_a_local_replace_that_fails_puts_the_old_one_back(tmp_path, monkeypatch):
+    """The new directory's move into place failing left neither in place (the old one aside
+    as .old-*, removed by the next run with the new one inside it, found by review)."""
+    from pipeline import fsutil
+
+    final, tmp = tmp_path / "words", tmp_path / "words.tmp-1"
+    final.mkdir()
+    (final / "old").write_text("old")
+    tmp.mkdir()
+    real_replace, calls = os.replace, []
+
+    def failing(src, dst):
+        calls.append(src)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(fsutil.os, "replace", failing)
+    with pytest.raises(OSError, match="No space"):
+        fsutil.replace_dir(None, str(tmp), str(final))
+    assert (final / "old").read_text() == "old"
+
+
+def test_exclusive_create_without_hard_links_or_with_its_temp_removed(tmp_path, monkeypatch):
+    """A FUSE mount without hard links says ENOSYS (it was an error, not the O_EXCL way);
+    a temp file removed under it by a run cleaning up is made again, not an error."""
+    import errno
+
+    from pipeline import fsutil
+
+    real_link = os.link
+    monkeypatch.setattr(fsutil.os, "link", lambda a, b: (_ for _ in ()).throw(
+        OSError(errno.ENOSYS, "Function not implemented")))
+    assert fsutil.create_exclusive(None, str(tmp_path / "a.json"), "{}")
+    assert (tmp_path / "a.json").read_text() == "{}"
+    assert not fsutil.create_exclusive(None, str(tmp_path / "a.json"), "{}")
+    removed = []
+
+    def link_after_cleanup(src, dst):
+        if not removed:
+            removed.append(src)
+            os.remove(src)
+        return real_link(src, dst)
+
+    monkeypatch.setattr(fsutil.os, "link", link_after_cleanup)
+    assert fsutil.create_exclusive(None, str(tmp_path / "b.json"), "{}")
+    assert removed and (tmp_path / "b.json").read_text() == "{}"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]

@@ -629,3 +629,28 @@ def test_a_failed_read_of_the_lease_file_is_no_lost_lease(tmp_path, monkeypatch,
     finally:
         monkeypatch.setattr(lease_mod.fsutil, "read_text", real_read)
         lease.release()
+
+
+def test_on_a_store_a_create_both_runs_won_is_looked_at_again(tmp_path, monkeypatch):
+    """An object store's "create if absent" is a look then a write: two runs starting at once
+    can both be told they created the lease; the one whose write was overwritten now sees it
+    and stops (it went on, both writing in place into one output)."""
+    from pipeline import lease as lease_mod
+
+    monkeypatch.setattr(Lease, "_create_is_atomic", lambda self: False, raising=False)
+    other = {"host": "elsewhere", "pid": 1, "started": "x", "id": "the other run",
+             "timeout": 60}
+
+    def both_won(spark, path, text):  # ours written, then the other run's over it
+        if Path(path).exists():
+            return False
+        Path(path).write_text(text)
+        Path(path).write_text(json.dumps({**other, "renewed": time.time()}))
+        return True
+
+    monkeypatch.setattr(lease_mod.fsutil, "create_exclusive", both_won)
+    with pytest.raises(LeaseHeld, match="host elsewhere, pid 1"):
+        Lease(None, str(tmp_path / "a"), timeout=60).acquire()
+    monkeypatch.undo()
+    lease = Lease(None, str(tmp_path / "b"), timeout=60).acquire()  # (the usual path)
+    lease.release()
