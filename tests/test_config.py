@@ -901,3 +901,12 @@ def test_an_output_at_a_bucket_root_is_a_config_error(key, place):
         validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300, **kw), "train")
     validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300,
                     **{**kw, key: place.rstrip("/") + "/run2"}), "train")
+
+
+@pytest.mark.parametrize("name", ["exp[1]", "a{b}", "x*", "a\\b"])
+def test_an_output_whose_name_spark_reads_as_a_pattern_is_a_config_error(tmp_path, name):
+    """--output runs/exp[1]: the job read its own word table back through Spark's reader as
+    the pattern runs/exp1 (another run's table, if there was one)."""
+    with pytest.raises(ConfigError, match="which Spark's readers take for a pattern"):
+        validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300,
+                        output=str(tmp_path / name)), "train")
