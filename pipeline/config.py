@@ -709,7 +709,7 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
         _need(not re.fullmatch(r"[A-Za-z][\w+.-]*://[^/]*/*", place),
               f"config key '{key}': {place} is the root of a bucket or filesystem; give a "
               f"directory under it ({place.rstrip('/')}/NAME)")
-        glob = [c for c in HADOOP_GLOB + "]}\\" if c in place]
+        glob = [c for c in HADOOP_GLOB + "]}\\" if c in place] if key == "output" else []
         _need(not glob, f"config key '{key}': {place} holds {' '.join(dict.fromkeys(glob))}, "
               "which Spark's readers take for a pattern when the job reads its own files "
               "back; choose a name without them")
