@@ -472,7 +472,10 @@ def resolve_with_notes(argv: list[str] | None = None, description: str = "", job
     cli = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     explicit = set(cli).union(*({k.replace("-", "_") for k in values} for _, values in files))
     own_corpus = bool(explicit & set(CORPUS_KEYS))
-    cfg = job_defaults(job, own_corpus)
+    # the shipped sample run (conf/default.toml) is the bare command's: a run configured with
+    # a --config file (conf/cluster.toml, a site's) must name its corpus, never train the sample
+    sample_run = not own_corpus and not files
+    cfg = job_defaults(job, own_corpus=not sample_run)
     tied: dict[str, bool] = {}
     for path, values in files:
         _apply_layer(values, cfg, path, tied)
@@ -490,7 +493,7 @@ def resolve_with_notes(argv: list[str] | None = None, description: str = "", job
         raise ConfigError(f"config key 'output': give {what} with {given}"
                           + (" (the default output directory is the sample run's)"
                              if job == TRAIN else ""))
-    if job == TRAIN and not own_corpus and "output" in explicit:  # (a flag lost on the way?)
+    if job == TRAIN and sample_run and "output" in explicit:  # (a flag lost on the way?)
         notes.append(f"no --input, --input-table or --words given: this run trains the "
                      f"shipped sample corpus ({cfg.input}) into {cfg.output}")
     return cfg, notes
@@ -699,6 +702,8 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
     missing = [flag for flag, absent in (
         ("--tokenizer RUN_DIR", job == ENCODE and not cfg.tokenizer),
         ("--input PATH", job in (COUNT, ENCODE) and not (cfg.input or cfg.input_table or frame)),
+        ("--input PATH (or --words DIR)", job == TRAIN and not (cfg.input or cfg.input_table
+                                                                 or frame or cfg.words)),
         ("--output DIR", not cfg.output)) if absent]
     if len(missing) > 1:  # all at once, not one per try
         raise ConfigError(f"give {', '.join(missing[:-1])} and {missing[-1]} (the job's "

@@ -20,9 +20,22 @@ import time
 _lifted: dict[int, tuple[int, int]] = {}
 
 
+# every point :func:`at` is called with (a test checks the calls against it), and the actions
+POINTS = frozenset({"start", "count_task", "merges", "spark_rounds", "outputs", "report"})
+KINDS = frozenset({"pause", "wait", "memory", "fsize", "jvm_oom"})
+
+
 def _actions() -> dict[str, str]:
+    """The variable's point=action pairs; a point or an action that does not exist is an
+    error (a misspelled injection did nothing, and its test could pass without its fault)."""
     spec = os.environ.get("SPARK_BPE_INJECT", "")
-    return dict(item.split("=", 1) for item in spec.split(";") if "=" in item)
+    actions = dict(item.split("=", 1) for item in spec.split(";") if item.strip())
+    for point, action in actions.items():
+        if point not in POINTS or action.partition(":")[0] not in KINDS:
+            raise ValueError(f"SPARK_BPE_INJECT: {point}={action} is not a fault point "
+                             f"({', '.join(sorted(POINTS))}) with an action "
+                             f"({', '.join(sorted(KINDS))})")
+    return actions
 
 
 def at(point: str) -> None:

@@ -4,7 +4,7 @@ count's merge for its partial counts, what the driver has, and what ``auto`` pic
 The driver engine (``engines/local.py``) holds, per symbol of the word table (a byte of a
 distinct word, bytes alphabet), about 18 bytes of token/link/weight arrays, 5-6 bytes of
 stored positions and a few bytes of per-pair arrays; with what the load and the process itself
-take, the peak RSS of the whole driver process was 35.9-36.8 bytes per symbol on the 1 GB
+take, the peak RSS of the whole driver process was 34.9-36.8 bytes per symbol on the 1 GB
 scale corpus (29.2 M symbols) and 28.2-32.7 on the 4 GB one (66.7 M), in the BENCHMARKS.md
 sections that give it per symbol. :data:`LOCAL_BYTES_PER_SYMBOL` rounds the largest up, with
 a margin.

@@ -290,8 +290,16 @@ def test_each_config_file_and_the_flags_replace_exclusive_keys_of_the_layers_bef
     vocab_size, and one that names a corpus drops an earlier other corpus, as flags always did."""
     merges = tmp_path / "merges.toml"
     merges.write_text("num_merges = 500\n")
-    c = validate(cfg("--config", str(merges)), "train")  # over conf/default.toml's vocab_size
+    vocab = tmp_path / "vocab.toml"
+    vocab.write_text("vocab_size = 300\n")
+    c = validate(cfg("--config", str(vocab), "--config", str(merges), "--input",
+                     str(REPO / "data" / "sample"), "--output", "o"), "train")
     assert (c.vocab_size, c.num_merges) == (0, 500)
+    # a run configured with a file names its corpus: the sample run is the bare command's
+    # (a site file without one trained the sample into out/sample-run, silently)
+    with pytest.raises(ConfigError, match=r"^give --input PATH \(or --words DIR\) and "
+                                          r"--output DIR"):
+        validate(cfg("--config", str(merges)), "train")
     cluster = tmp_path / "cluster.toml"
     cluster.write_text('vocab_size = 32768\ninput = "data/sample"\noutput = "o"\n')
     c = validate(cfg("--config", str(cluster), "--config", str(merges)), "train")
@@ -880,10 +888,14 @@ def test_the_notes_on_settings_are_warnings(tmp_path, caplog):
     from pipeline import cli
 
     shared = tmp_path / "shared.toml"
-    shared.write_text('tokenizer = "somewhere"\n')
+    shared.write_text('tokenizer = "somewhere"\nvocab_size = 300\n')
     caplog.set_level(logging.WARNING)
     code = cli._run("train", "", lambda cfg: 0, ["--output", str(tmp_path / "run"),
-                                                 "--config", str(shared),
+                                                 "--config", str(shared), "--input",
+                                                 str(REPO / "data" / "sample"),
+                                                 "--log-level", "WARNING"])
+    assert code == 0
+    code = cli._run("train", "", lambda cfg: 0, ["--output", str(tmp_path / "run"),
                                                  "--log-level", "WARNING"])
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert code == 0

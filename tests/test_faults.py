@@ -1056,3 +1056,20 @@ def test_heartbeats_reach_the_log_and_progress_jsonl_under_spark_submit(corpus, 
     assert count["bytes_read"] > 0 and count["tasks"].startswith(("1/", "2/", "3/", "4/"))
     assert re.search(r"count: done in [\d.]+ s; [\d,]+/[\d,]+ rows, tasks \d+/\d+, "
                      r"[\d.]+ [kMG]B read", log), log[-3000:]
+
+
+def test_a_misspelled_fault_injection_is_an_error_not_nothing(monkeypatch):
+    """SPARK_BPE_INJECT with a point or an action that does not exist did nothing at all:
+    the test that set it could pass without its fault. Every point the code calls is known."""
+    import pipeline
+    from pipeline import faults
+
+    called = {m for f in Path(pipeline.__file__).parent.rglob("*.py")
+              for m in re.findall(r'faults\.at\("(\w+)"\)', f.read_text())}
+    assert called == set(faults.POINTS)
+    monkeypatch.setenv("SPARK_BPE_INJECT", "merges=pause:0")
+    faults.at("merges")
+    for bad in ("merge=pause:1", "merges=sleep:1", "merges=pause:0;outptus=pause:1"):
+        monkeypatch.setenv("SPARK_BPE_INJECT", bad)
+        with pytest.raises(ValueError, match="is not a fault point"):
+            faults.at("merges")

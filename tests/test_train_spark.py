@@ -77,17 +77,21 @@ def test_partition_states_go_when_building_them_fails(spark, monkeypatch):
     short = [("ab" * (i % 2 + 1)).encode() for i in range(75_000)]
     long = [("ab" * (i % 20 + 40)).encode() for i in range(75_000)] + [b"abz"]  # z: unknown
     words = good + short + long
-    fixed = uuid.UUID(int=0xB0B)
-    monkeypatch.setattr(spark_engine.uuid, "uuid4", lambda: fixed)
-    run = fixed.hex[:12]
-    with pytest.raises(Exception, match="'z'"):
-        SparkPartitions(spark, word_df(spark, words, [1] * len(words)), 2, base)
+    def left(run: str):
+        def states(_):
+            root = os.path.join(scratch_root(), f"spark-bpe-{run}")
+            yield sorted(os.listdir(root)) if os.path.isdir(root) else []
+        return spark.sparkContext.parallelize([0], 1).mapPartitions(states).collect()[0]
 
-    def left(_):
-        root = os.path.join(scratch_root(), f"spark-bpe-{run}")
-        yield sorted(os.listdir(root)) if os.path.isdir(root) else []
-
-    assert spark.sparkContext.parallelize([0], 1).mapPartitions(left).collect() == [[]]
+    for removed in (False, True):  # without the removal first: states were built, and left
+        fixed = uuid.UUID(int=0xB0B + removed)
+        monkeypatch.setattr(spark_engine.uuid, "uuid4", lambda fixed=fixed: fixed)
+        if not removed:
+            monkeypatch.setattr(SparkPartitions, "_remove_states", lambda self, rdd: None)
+        with pytest.raises(Exception, match=r"KeyError: .*'z'|'z'.*KeyError"):
+            SparkPartitions(spark, word_df(spark, words, [1] * len(words)), 2, base)
+        monkeypatch.undo()
+        assert (left(fixed.hex[:12]) == []) == removed, removed
 
 
 def test_a_half_changed_partition_state_is_rebuilt_from_the_word_table(spark):
