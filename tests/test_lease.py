@@ -637,7 +637,7 @@ def test_on_a_store_a_create_both_runs_won_is_looked_at_again(tmp_path, monkeypa
     and stops (it went on, both writing in place into one output)."""
     from pipeline import lease as lease_mod
 
-    monkeypatch.setattr(Lease, "_create_is_atomic", lambda self: False, raising=False)
+    monkeypatch.setattr(Lease, "_create_is_atomic", lambda self: False)
     other = {"host": "elsewhere", "pid": 1, "started": "x", "id": "the other run",
              "timeout": 60}
 

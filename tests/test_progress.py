@@ -353,7 +353,7 @@ def test_a_poll_that_hangs_does_not_keep_the_stage_from_ending(tmp_path, monkeyp
     """A heartbeat's poll stuck in a call (a JVM that does not answer) delays the stage's end
     by at most POLL_WAIT_SECONDS; the end line comes without a poll, and the stuck beat,
     when its poll returns, is dropped."""
-    monkeypatch.setattr(progress_mod, "POLL_WAIT_SECONDS", 0.3, raising=False)
+    monkeypatch.setattr(progress_mod, "POLL_WAIT_SECONDS", 0.3)
     jsonl = tmp_path / "progress.jsonl"
     prog = Progress("test", str(jsonl), every=0.05, bar=False)
     release, entered = threading.Event(), threading.Event()
