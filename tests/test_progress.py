@@ -265,16 +265,22 @@ def test_the_merges_eta_follows_the_recent_rate(tmp_path):
     assert average[1]["eta"] >= 1.9  # at the average: 500 / 250
 
 
+def fake_clocks(monkeypatch, wall: list[float], steady: list[float]) -> None:
+    """progress.py's clocks read from the lists: ``wall`` (time.time) and ``steady``
+    (time.monotonic); sleeping stays real."""
+    fake = type("FakeTime", (), {"time": staticmethod(lambda: wall[0]),
+                                 "monotonic": staticmethod(lambda: steady[0]),
+                                 "sleep": staticmethod(time.sleep)})
+    monkeypatch.setattr(progress_mod, "time", fake)
+
+
 def test_the_merges_eta_holds_steady_when_rounds_alternate_small_and_large(tmp_path,
                                                                             monkeypatch):
     """Spark rounds that merge 3 and then 100 (heartbeats 5 s apart, about 10 merges/s all
     along): the ETA is measured over the recent quarter of the stage (at most a minute), not
     from the previous heartbeat alone, which made it swing 30x from one line to the next."""
     clock = [1000.0]
-    fake = type("FakeTime", (), {"time": staticmethod(lambda: clock[0]),
-                                 "monotonic": staticmethod(lambda: clock[0]),
-                                 "sleep": staticmethod(time.sleep)})
-    monkeypatch.setattr(progress_mod, "time", fake)
+    fake_clocks(monkeypatch, clock, clock)
     jsonl = tmp_path / "progress.jsonl"
     prog = Progress("test", str(jsonl), every=1000, bar=False)
     with prog.stage("merges", total=20_000, unit="merges", recent_eta=True) as st:
@@ -295,10 +301,7 @@ def test_a_recent_eta_is_not_measured_across_a_change_of_unit(tmp_path, monkeypa
     rows again at the end: a point of 2 tasks is no point of rows (it made the ETA of a beat
     of 900 rows out of 1,000 say 0.1 s)."""
     clock = [1000.0]
-    fake = type("FakeTime", (), {"time": staticmethod(lambda: clock[0]),
-                                 "monotonic": staticmethod(lambda: clock[0]),
-                                 "sleep": staticmethod(time.sleep)})
-    monkeypatch.setattr(progress_mod, "time", fake)
+    fake_clocks(monkeypatch, clock, clock)
     polled = [{"unit": "rows", "done": 100, "total": 1000},
               {"unit": "tasks", "done": 2, "total": None},
               {"unit": "rows", "done": 900, "total": 1000},
@@ -545,10 +548,7 @@ def test_heartbeats_and_times_follow_a_steady_clock_not_the_wall_clock(tmp_path,
     """The wall clock stepped back an hour (NTP) mid-stage: heartbeats keep coming every
     interval (they stopped for the hour) and the stage's time is not negative."""
     steady, wall = [1000.0], [5000.0]
-    fake = type("FakeTime", (), {"time": staticmethod(lambda: wall[0]),
-                                 "monotonic": staticmethod(lambda: steady[0]),
-                                 "sleep": staticmethod(time.sleep)})
-    monkeypatch.setattr(progress_mod, "time", fake)
+    fake_clocks(monkeypatch, wall, steady)
     jsonl = tmp_path / "progress.jsonl"
     prog = Progress("test", str(jsonl), every=5, bar=False)
     with prog.stage("merges", total=100, unit="merges") as st:
