@@ -190,15 +190,20 @@ def test_count_job_exit_codes(tmp_path):
 
 def test_driver_merge_falls_back_to_spark_when_the_result_is_too_big(spark, mixed_corpus,
                                                                       naive_mixed, tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, caplog):
+    fetched = []
+
     def too_big(self, buckets=1):  # noqa: ARG001
+        fetched.append(buckets)
         raise RuntimeError("Total size of serialized results is bigger than "
                            "spark.driver.maxResultSize (1024.0 MiB)")
 
     monkeypatch.setattr(partials.Partials, "fetch", too_big)
     out = tmp_path / "words"
+    caplog.set_level(logging.WARNING, logger="pipeline")
     count_words(spark, Config(input=str(mixed_corpus), output=str(out),
                               special_tokens=["<|endoftext|>"], count_merge="driver"))
+    assert fetched and "merging with Spark instead" in caplog.text  # (the fallback ran)
     assert_word_table(out, naive_mixed)
 
 
