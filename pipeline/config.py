@@ -709,15 +709,21 @@ def _check_sources(cfg: Config, job: str, frame: bool) -> None:
         raise ConfigError(f"give {', '.join(missing[:-1])} and {missing[-1]} (the job's "
                           "--help lists its settings)")
     _need(cfg.output != "", "config key 'output': set an output directory (--output DIR)")
-    for key in ("output", "checkpoint_dir"):  # (its lease lies beside it: in its parent)
+    for key in ("output", "checkpoint_dir"):
         place = getattr(cfg, key)
-        _need(not re.fullmatch(r"[A-Za-z][\w+.-]*://[^/]*/*", place),
+        # a count's or an encode's output and a checkpoint directory have their lease beside
+        # them, in the parent: a bucket root has none (a run's output holds its own lease)
+        _need(not (re.fullmatch(r"[A-Za-z][\w+.-]*://[^/]*/*", place)
+                   and (key == "checkpoint_dir" or job != TRAIN)),
               f"config key '{key}': {place} is the root of a bucket or filesystem; give a "
               f"directory under it ({place.rstrip('/')}/NAME)")
-        glob = [c for c in HADOOP_GLOB + "]}\\" if c in place] if key == "output" else []
-        _need(not glob, f"config key '{key}': {place} holds {' '.join(dict.fromkeys(glob))}, "
-              "which Spark's readers take for a pattern when the job reads its own files "
-              "back; choose a name without them")
+    # the word table a count writes, or a run counts into its output, is read back through
+    # Spark's reader, which takes these characters for a pattern (exp[1] read exp1)
+    glob = [c for c in HADOOP_GLOB + "]}\\" if c in cfg.output] \
+        if job == COUNT or (job == TRAIN and not cfg.words) else []
+    _need(not glob, f"config key 'output': {cfg.output} holds "
+          f"{' '.join(dict.fromkeys(glob))}, which Spark's reader takes for a pattern when "
+          "the job reads its word table back; choose a name without them")
     if job == COUNT:
         _need(cfg.input != "" or cfg.input_table != "" or frame,
               "config key 'input': give a corpus (--input PATH or --input-table NAME)")

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -237,11 +238,18 @@ def list_dir(spark: SparkSession | None, path: str) -> list[str] | None:
     return sorted(str(st.getPath().getName()) for st in fs.listStatus(p))
 
 
-_IN_FLIGHT: set[str] = set()  # the temp files this process is writing now
+# the names of the temp files this process is writing now (random: a name is the key), and a
+# lock that makes creating one and naming it here one step, against removing it
+_IN_FLIGHT: set[str] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
 
 
-def _temp_key(path: str) -> str:
-    return os.path.abspath(local_path(path)) if is_local(path) else path
+def _local_temp(directory: str) -> tuple[int, str]:
+    """A new temp file in ``directory`` (fd, path), named in :data:`_IN_FLIGHT`."""
+    with _IN_FLIGHT_LOCK:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        _IN_FLIGHT.add(os.path.basename(tmp))
+    return fd, tmp
 
 
 def remove_temp_files(spark: SparkSession | None, directory: str) -> None:
@@ -249,9 +257,11 @@ def remove_temp_files(spark: SparkSession | None, directory: str) -> None:
     machine) left in ``directory``, but not those this process is writing now (a renewal of
     the lease that sits in the same directory); call it holding the directory's lease."""
     for name in list_dir(spark, directory) or []:
-        path = join(directory, name)
-        if name.startswith(".tmp-") and _temp_key(path) not in _IN_FLIGHT:
-            delete(spark, path)
+        if not name.startswith(".tmp-"):
+            continue
+        with _IN_FLIGHT_LOCK:
+            if name not in _IN_FLIGHT:
+                delete(spark, join(directory, name))
 
 
 def data_files_under(spark: SparkSession | None, path: str) -> list[str] | None:
@@ -371,11 +381,10 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
         lp = local_path(path)
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-        _IN_FLIGHT.add(os.path.abspath(tmp))
-        os.chmod(tmp, 0o666 & ~umask())  # as any file the user writes (mkstemp makes 0600)
+        fd, tmp = _local_temp(d)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                os.fchmod(fh.fileno(), 0o666 & ~umask())  # as any file the user writes
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -387,7 +396,7 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
                 raise OSError(exc.errno, exc.strerror, lp) from exc
             raise
         finally:
-            _IN_FLIGHT.discard(os.path.abspath(tmp))
+            _IN_FLIGHT.discard(os.path.basename(tmp))
         return
     fs, p = _fs(spark, path)
     if scheme(path) in WHOLE_ON_CLOSE:
@@ -405,10 +414,9 @@ def write_text(spark: SparkSession | None, path: str, text: str) -> None:
     jvm = spark.sparkContext._jvm
     tmp_name = f".tmp-{uuid.uuid4().hex[:8]}"
     tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), tmp_name)
-    in_flight = join(split_parent(path)[0], tmp_name)
-    _IN_FLIGHT.add(in_flight)
+    _IN_FLIGHT.add(tmp_name)  # (before the file exists: a random name)
     with contextlib.ExitStack() as done, _writing(spark, path):
-        done.callback(_IN_FLIGHT.discard, in_flight)
+        done.callback(_IN_FLIGHT.discard, tmp_name)
         try:
             out = fs.create(tmp, True)
             try:
@@ -482,11 +490,10 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
         lp = local_path(path)
         d = os.path.dirname(lp) or "."
         os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-        _IN_FLIGHT.add(os.path.abspath(tmp))
-        os.chmod(tmp, 0o666 & ~umask())
+        fd, tmp = _local_temp(d)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                os.fchmod(fh.fileno(), 0o666 & ~umask())
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -507,7 +514,7 @@ def create_exclusive(spark: SparkSession | None, path: str, text: str) -> bool:
                 return _create_exclusive_local(lp, text)
             return True
         finally:
-            _IN_FLIGHT.discard(os.path.abspath(tmp))
+            _IN_FLIGHT.discard(os.path.basename(tmp))
             with contextlib.suppress(OSError):
                 os.remove(tmp)
     fs, p = _fs(spark, path)
@@ -608,7 +615,8 @@ def replace_dir(spark: SparkSession | None, tmp: str, final: str) -> None:
             try:
                 os.replace(lt, lf)
             except BaseException:  # the old one back: never neither of them in place
-                os.replace(old, lf)
+                if not os.path.exists(lf):  # (a SIGTERM just after the move: it is in place)
+                    os.replace(old, lf)
                 raise
             shutil.rmtree(old, ignore_errors=True)
         else:

@@ -72,6 +72,7 @@ class Lease:
         self._renewing = threading.Lock()  # held while the renewal thread writes the file
         self._thread: threading.Thread | None = None
         self.lost = False  # set when another run took the lease (this one must stop)
+        self.confirmed = time.monotonic()  # when a read of the file last showed it ours
 
     @classmethod
     def beside(cls, spark, output: str, timeout: float, purpose: str) -> Lease:
@@ -211,6 +212,8 @@ class Lease:
                     break
                 continue
             holder = self._read()
+            if (holder or {}).get("id") == self.me["id"]:  # (ours: a store's read-back that
+                break  # was late, above)
             if holder is None:  # being written or removed right now: look again
                 stale = self._unreadable_and_old()
                 if not stale:
@@ -257,12 +260,16 @@ class Lease:
         if holder is None:
             time.sleep(0.2)
             holder, why = self._read_or_why()
-        if holder is None and why:  # the storage failed: no news of another holder (this
-            # run's renewals keep the file fresh, so no other run can have taken it over)
+        if holder is None and why and time.monotonic() - self.confirmed < self.timeout:
+            # the storage failed: no news of another holder; seen ours less than a timeout
+            # ago, it is still ours (no other run may take it over before the timeout), so
+            # look again at the next check. Not after a longer gap (a stalled run, resumed,
+            # whose lease another run may have taken meanwhile): that counts as lost
             log.warning("could not read the lease file %s (%s); looking again at the next "
                         "check", self.path, why)
             return True
         if holder is not None and holder.get("id") == self.me["id"]:
+            self.confirmed = time.monotonic()
             return True
         self.lost = True
         if holder is None:

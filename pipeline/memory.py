@@ -224,13 +224,11 @@ def choose_count_merge(requested: str, partial_bytes: int, budget: Budget,
                f"{split} needs about {need / 2**30:.2f} GB; driver budget "
                f"{budget.bytes / 2**30:.2f} GB ({budget.source})")
     too_big = partial_bytes > buckets * MAX_BUCKET_BYTES  # (even in the most buckets)
-    if requested == "driver" and too_big:
-        from pipeline.config import ConfigError
-        raise ConfigError(
-            f"config key 'count_merge' = 'driver': {partial_bytes / 2**30:,.1f} GB of partial "
-            f"counts make buckets over {MAX_BUCKET_BYTES / 2**30:.0f} GB even in "
-            f"{MAX_MERGE_BUCKETS} (one Arrow array each holds under 2 GB); use 'auto' or "
-            "'spark'")
+    if requested == "driver" and too_big:  # (found after the count: not thrown away)
+        return "spark", buckets, (
+            f"count merge driver (as configured) -> spark: {partial_bytes / 2**30:,.1f} GB of "
+            f"partial counts make buckets over {MAX_BUCKET_BYTES / 2**30:.0f} GB even in "
+            f"{MAX_MERGE_BUCKETS} (one Arrow array each holds under 2 GB); {numbers}")
     if requested != "auto":
         return requested, buckets, f"count merge {requested} (as configured): {numbers}"
     if need > budget.bytes or too_big:

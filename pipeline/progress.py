@@ -465,7 +465,8 @@ class Progress:
                     log.warning("cannot append to %s (%s); heartbeats stay in the log only",
                                 self.jsonl, exc.strerror)
                     self.jsonl = None
-            if self.bar is not None and rec["event"] != "end" and rec.get("total"):
+            if self.bar is not None and rec["event"] not in ("end", "error") \
+                    and rec.get("total"):
                 frac = min(1.0, rec["done"] / rec["total"])
                 fill = int(30 * frac)
                 self.bar.show(f"[{'#' * fill}{'.' * (30 - fill)}] {rec['stage']} "

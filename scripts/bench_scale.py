@@ -448,9 +448,9 @@ def main() -> None:
     }
     vocabs = [args.vocab_size] + ([257] if args.with_count_stage else [])
     if args.repeat % len(tools):  # (each tool goes first equally often only then)
-        print(f"warning: --repeat {args.repeat} is not a multiple of the {len(tools)} tools: "
-              "some tool never goes first (the first run after another tool's pays for "
-              "memory and a cold cache)", file=sys.stderr)
+        print(f"note: --repeat {args.repeat} is not a multiple of the {len(tools)} tools: "
+              "they do not all go first equally often (the first run after another tool's "
+              "pays for memory and a cold cache)", file=sys.stderr)
     for rep in range(args.repeat):
         order = tools[rep % len(tools):] + tools[:rep % len(tools)]  # each tool first in turn
         for c in results["corpora"]:

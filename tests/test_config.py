@@ -903,22 +903,32 @@ def test_the_notes_on_settings_are_warnings(tmp_path, caplog):
     assert any("this run trains the shipped sample corpus" in m for m in said), said
 
 
-@pytest.mark.parametrize("key,place", [("output", "s3a://bucket"), ("output", "hdfs://nn:8020/"),
-                                       ("checkpoint_dir", "gs://ckpts")])
-def test_an_output_at_a_bucket_root_is_a_config_error(key, place):
-    """Its lease lies beside it, in its parent: a bucket root has none (s3a:/.bucket.lease.json,
-    an unclear Hadoop error after Spark started)."""
-    kw = {"output": "s3a://bucket/run", key: place}
+@pytest.mark.parametrize("job,key,place", [("count", "output", "s3a://bucket"),
+                                           ("encode", "output", "hdfs://nn:8020/"),
+                                           ("train", "checkpoint_dir", "gs://ckpts")])
+def test_an_output_at_a_bucket_root_is_a_config_error(job, key, place, tmp_path):
+    """Their lease lies beside them, in the parent: a bucket root has none
+    (s3a:/.bucket.lease.json, an unclear Hadoop error after Spark started). A run directory
+    holds its own lease: a train output may be one."""
+    sample = str(REPO / "data" / "sample")
+    kw = {"input": sample, "output": "s3a://bucket/run", "tokenizer": str(tmp_path),
+          "vocab_size": 300 if job == "train" else 0, key: place}
     with pytest.raises(ConfigError, match=f"config key '{key}': .* is the root of a bucket"):
-        validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300, **kw), "train")
-    validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300,
-                    **{**kw, key: place.rstrip("/") + "/run2"}), "train")
+        validate(Config(**kw), job)
+    validate(Config(**{**kw, key: place.rstrip("/") + "/run2"}), job)
+    validate(Config(input=sample, vocab_size=300, output="s3a://bucket"), "train")
 
 
 @pytest.mark.parametrize("name", ["exp[1]", "a{b}", "x*", "a\\b"])
 def test_an_output_whose_name_spark_reads_as_a_pattern_is_a_config_error(tmp_path, name):
     """--output runs/exp[1]: the job read its own word table back through Spark's reader as
-    the pattern runs/exp1 (another run's table, if there was one)."""
-    with pytest.raises(ConfigError, match="which Spark's readers take for a pattern"):
-        validate(Config(input=str(REPO / "data" / "sample"), vocab_size=300,
-                        output=str(tmp_path / name)), "train")
+    the pattern runs/exp1 (another run's table, if there was one). An encode's output, or a
+    run's from --words, is never read back that way: it may have such a name."""
+    sample, out = str(REPO / "data" / "sample"), str(tmp_path / name)
+    for job in ("train", "count"):
+        with pytest.raises(ConfigError, match="which Spark's reader takes for a pattern"):
+            validate(Config(input=sample, vocab_size=300, output=out), job)
+    words = tmp_path / "words"
+    words.mkdir()
+    validate(Config(words=str(words), vocab_size=300, output=out), "train")
+    validate(Config(input=sample, tokenizer=str(tmp_path), output=out), "encode")

@@ -621,6 +621,11 @@ def test_a_failed_read_of_the_lease_file_is_no_lost_lease(tmp_path, monkeypatch,
         assert lease.holds() and not lease.lost
         lease.check()
         assert "could not read the lease file" in caplog.text
+        # a run stalled past its timeout (a VM pause) whose read then fails: its lease may
+        # have been taken meanwhile, so it counts as lost (it renewed over the new holder's)
+        lease.confirmed -= 61
+        assert not lease.holds() and lease.lost
+        lease.lost, lease.confirmed = False, time.monotonic()
         monkeypatch.setattr(lease_mod.fsutil, "read_text", real_read)
         assert lease.holds()
         record = json.loads((tmp_path / NAME).read_text())
@@ -653,4 +658,32 @@ def test_on_a_store_a_create_both_runs_won_is_looked_at_again(tmp_path, monkeypa
         Lease(None, str(tmp_path / "a"), timeout=60).acquire()
     monkeypatch.undo()
     lease = Lease(None, str(tmp_path / "b"), timeout=60).acquire()  # (the usual path)
+    lease.release()
+
+
+def test_on_a_store_a_late_read_back_of_the_own_lease_is_no_refusal(tmp_path, monkeypatch):
+    """The read-back after creating the lease on a store came back empty (a late read): the
+    next look found this run's own record, and the run refused itself as "another run"."""
+    from pipeline import lease as lease_mod
+
+    monkeypatch.setattr(Lease, "_create_is_atomic", lambda self: False)
+
+    def create(spark, path, text):
+        if Path(path).exists():
+            return False
+        Path(path).write_text(text)
+        return True
+
+    monkeypatch.setattr(lease_mod.fsutil, "create_exclusive", create)
+    real_read, late = Lease._read, [True]
+
+    def read(self):
+        if late:
+            late.pop()
+            return None
+        return real_read(self)
+
+    monkeypatch.setattr(Lease, "_read", read)
+    lease = Lease(None, str(tmp_path), timeout=60).acquire()
+    assert json.loads((tmp_path / NAME).read_text())["id"] == lease.me["id"]
     lease.release()
