@@ -604,7 +604,9 @@ def _merge(job: _CountJob, partials: Partials, n_files: int, tmp: str, reader: s
         driver_fetch_limit(conf, rows=partials.frame is not None) if partials.through_jvm
         else None)
     t_counted = time.monotonic()
-    log.info("counted in %.1f s (%s); %s", t_counted - job.t0, reader, why)
+    (log.warning if cfg.count_merge not in ("auto", where) else log.info)(  # (driver asked,
+        # spark taken)
+        "counted in %.1f s (%s); %s", t_counted - job.t0, reader, why)
     counts.begin(f"merging the partial counts ({where})")
     if where == "driver":
         try:
