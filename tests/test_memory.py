@@ -131,17 +131,24 @@ def test_max_result_size_in_plain_bytes_is_read_as_bytes():
                          available=(16 * GB, "x")).bytes == int(0.8 * 14 * GB)
 
 
+def cgroup_v2(tmp_path, available_kb: int, limit: int, usage: int):
+    """A /proc/meminfo with MemAvailable and a cgroup v2 directory with that limit and usage
+    (files under ``tmp_path``): (meminfo, cgroup directory)."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemAvailable: {available_kb} kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.max").write_text(f"{limit}\n")
+    (cg / "memory.current").write_text(f"{usage}\n")
+    return meminfo, cg
+
+
 def test_the_page_cache_a_container_can_reclaim_is_not_counted_as_used(tmp_path):
     """A cgroup's usage counts its page cache: after the count read the corpus, an 8 GiB
     container using 7.75 GiB, 6 GiB of it inactive file pages, left a budget of 0 and every
     merge went to Spark; the inactive page cache is memory the driver can have (v2's
     inactive_file, v1's hierarchical total_inactive_file)."""
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemAvailable: 25000000 kB\n")
-    cg = tmp_path / "cg"
-    cg.mkdir()
-    (cg / "memory.max").write_text(f"{8 * GB}\n")
-    (cg / "memory.current").write_text(f"{7 * GB + 768 * MB}\n")
+    meminfo, cg = cgroup_v2(tmp_path, 25000000, 8 * GB, 7 * GB + 768 * MB)
     (cg / "memory.stat").write_text(f"anon 1000\nfile {7 * GB}\nactive_file {GB}\n"
                                     f"inactive_file {6 * GB}\n")
     assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none")) == (
@@ -229,12 +236,7 @@ def test_budget_edges_found_by_review(tmp_path, monkeypatch):
     where, _, why = choose_count_merge("driver", over, huge)  # (found after the count:
     assert where == "spark" and "driver (as configured) -> spark" in why  # not thrown away)
 
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemAvailable: 20000000 kB\n")
-    cg = tmp_path / "cg"
-    cg.mkdir()
-    (cg / "memory.max").write_text(f"{1 * GB}\n")
-    (cg / "memory.current").write_text(f"{2 * GB}\n")
+    meminfo, cg = cgroup_v2(tmp_path, 20000000, 1 * GB, 2 * GB)
     assert available_bytes(str(meminfo), str(cg), str(tmp_path / "none"))[0] == 0
 
     monkeypatch.setattr("os.sysconf", lambda name: {"SC_PHYS_PAGES": 8 * GB // 4096,
